@@ -1,0 +1,109 @@
+"""Address strings: ``tcp://host:port``, ``unix:///path``, ``inproc://name``."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+from dataclasses import dataclass
+from typing import Any, Final
+
+__all__ = ["Address", "format_socket_address", "parse_address"]
+
+SCHEMES: Final = ("tcp", "unix", "inproc")
+
+
+@dataclass(frozen=True, slots=True)
+class Address:
+    """A parsed address.
+
+    Attributes:
+        scheme: ``"tcp"``, ``"unix"`` or ``"inproc"``.
+        host: TCP host (without IPv6 brackets), else ``""``.
+        port: TCP port, else 0.
+        path: Unix socket path or inproc name, else ``""``.
+    """
+
+    scheme: str
+    host: str = ""
+    port: int = 0
+    path: str = ""
+
+    def __str__(self) -> str:
+        if self.scheme == "tcp":
+            return format_tcp(self.host, self.port)
+        return f"{self.scheme}://{self.path}"
+
+
+def format_tcp(host: str, port: int) -> str:
+    """Format a TCP address, bracketing IPv6 hosts."""
+    if ":" in host:
+        return f"tcp://[{host}]:{port}"
+    return f"tcp://{host}:{port}"
+
+
+def parse_address(address: str) -> Address:
+    """Parse an address string.
+
+    Raises:
+        ValueError: unknown scheme or malformed address (the message names
+            the address).
+        TypeError: ``address`` is not a string.
+    """
+    if not isinstance(address, str):
+        raise TypeError(f"address must be a str, not {type(address).__name__}")
+    scheme, sep, rest = address.partition("://")
+    if not sep:
+        raise ValueError(
+            f"malformed address {address!r}: expected scheme://..., one of "
+            + ", ".join(f"{s}://" for s in SCHEMES)
+        )
+    if scheme not in SCHEMES:
+        raise ValueError(
+            f"unknown scheme {scheme!r} in address {address!r}; supported: "
+            + ", ".join(f"{s}://" for s in SCHEMES)
+        )
+    if scheme == "unix":
+        if not rest or "\x00" in rest:
+            raise ValueError(f"malformed address {address!r}: expected unix:///path")
+        return Address("unix", path=rest)
+    if scheme == "inproc":
+        if "\x00" in rest:
+            raise ValueError(f"malformed address {address!r}")
+        return Address("inproc", path=rest)
+    # tcp
+    if rest.startswith("["):
+        host, bracket, port_text = rest[1:].partition("]")
+        if not bracket or not port_text.startswith(":"):
+            raise ValueError(
+                f"malformed address {address!r}: expected tcp://[ipv6]:port"
+            )
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ValueError(
+                f"malformed address {address!r}: {host!r} is not an IPv6 address"
+            ) from None
+        port_text = port_text[1:]
+    else:
+        host, colon, port_text = rest.rpartition(":")
+        if not colon:
+            raise ValueError(f"malformed address {address!r}: expected tcp://host:port")
+        if ":" in host:
+            raise ValueError(
+                f"malformed address {address!r}: IPv6 hosts need brackets, "
+                "tcp://[::1]:port"
+            )
+    if not host or any(c in host for c in "/?#@ "):
+        raise ValueError(f"malformed address {address!r}: bad host {host!r}")
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ValueError(f"malformed address {address!r}: bad port {port_text!r}")
+    return Address("tcp", host=host, port=int(port_text))
+
+
+def format_socket_address(family: int, address: Any) -> str:
+    """Format a ``getsockname()`` / ``getpeername()`` result as an address string."""
+    if family in (socket.AF_INET, socket.AF_INET6):
+        return format_tcp(address[0], address[1])
+    if isinstance(address, bytes):
+        address = address.decode(errors="surrogateescape")
+    return f"unix://{address}"

@@ -1,0 +1,188 @@
+"""Client side: open a connection to an address and return a Comm."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Final
+
+import anyio
+from anyio import wait_writable
+from anyio.abc import ByteStream
+
+from ._addressing import format_socket_address, parse_address
+from ._comm import Comm, establish
+from ._inproc import connect_inproc
+from ._options import make_options
+from ._sansio.buffers import Allocator
+from ._sansio.decoder import DEFAULT_READ_BUFFER_SIZE
+from ._sansio.serialization import DEFAULT_OOB_THRESHOLD
+from ._sansio.wire import Limits
+from ._transports.rawsocket import SocketTransport
+from ._transports.stream import StreamTransport
+
+__all__ = ["configure_socket", "connect", "from_stream", "open_socket"]
+
+_HAS_UNIX: Final = hasattr(socket, "AF_UNIX")
+
+
+def configure_socket(sock: socket.socket) -> None:
+    """Make ``sock`` non-blocking and, for TCP, disable Nagle's algorithm."""
+    sock.setblocking(False)
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+async def _connect_socket(sock: socket.socket, sockaddr: object) -> None:
+    try:
+        sock.connect(sockaddr)
+    except (BlockingIOError, InterruptedError):
+        await wait_writable(sock)
+        err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+        if err:
+            raise OSError(err, f"{os.strerror(err)} ({sockaddr})") from None
+
+
+async def open_socket(scheme: str, host: str, port: int, path: str) -> socket.socket:
+    """Connect a non-blocking TCP or Unix socket.
+
+    Tries every address ``host`` resolves to, in order, and raises the last
+    error if none accepts.
+
+    Raises:
+        OSError: resolution failed (``socket.gaierror``) or no address
+            accepted the connection.
+    """
+    if scheme == "unix":
+        if not _HAS_UNIX:  # pragma: no cover
+            raise OSError("Unix sockets are not supported on this platform")
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.setblocking(False)
+            await _connect_socket(sock, path)
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+
+    infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    error: OSError | None = None
+    for family, type_, proto, _, sockaddr in infos:
+        sock = socket.socket(family, type_, proto)
+        try:
+            configure_socket(sock)
+            await _connect_socket(sock, sockaddr)
+        except OSError as exc:
+            sock.close()
+            error = exc
+            continue
+        except BaseException:
+            sock.close()
+            raise
+        return sock
+    assert error is not None
+    raise error
+
+
+async def connect(
+    address: str,
+    *,
+    timeout: float | None = None,
+    limits: Limits | None = None,
+    read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
+    allocator: Allocator | None = None,
+    oob_threshold: int = DEFAULT_OOB_THRESHOLD,
+    allow_pickle: bool = False,
+) -> Comm:
+    """Connect to ``address`` and complete the anyio-comm handshake.
+
+    Args:
+        address: ``tcp://host:port`` (``tcp://[::1]:port`` for IPv6),
+            ``unix:///path`` or ``inproc://name``.
+        timeout: seconds for connecting and the handshake together; ``None``
+            waits as long as the operating system does.
+        limits: our receive limits, announced to the peer.
+        read_buffer_size: size of the read-ahead buffer (>= 4096).
+        allocator: allocates receive buffers, ``allocator(n)`` returning a
+            writable buffer of ``n`` bytes (default ``bytearray``).
+        oob_threshold: bytes-like values of at least this size travel as
+            out-of-band frames.
+        allow_pickle: pickle what msgpack cannot encode and accept pickled
+            data from the peer. Trusted peers only.
+
+    Returns:
+        The connected comm; close it with ``aclose()`` or ``async with``.
+
+    Raises:
+        ValueError: malformed address, unknown scheme or invalid option.
+        TimeoutError: ``timeout`` expired.
+        OSError: the name did not resolve or the connection was refused
+            (``ConnectionRefusedError`` also for an ``inproc://`` name with
+            no listener).
+        RemoteProtocolError: the peer does not speak anyio-comm.
+        anyio.BrokenResourceError: the connection failed during the handshake.
+    """
+    parsed = parse_address(address)
+    options = make_options(limits, read_buffer_size, allocator, oob_threshold, allow_pickle)
+    with anyio.fail_after(timeout):
+        if parsed.scheme == "inproc":
+            return await connect_inproc(parsed.path, options)
+        sock = await open_socket(parsed.scheme, parsed.host, parsed.port, parsed.path)
+        transport = SocketTransport(sock)
+        try:
+            if parsed.scheme == "unix":
+                local, peer = "unix://", address
+                name = sock.getsockname()
+                if name:
+                    local = format_socket_address(sock.family, name)
+            else:
+                local = format_socket_address(sock.family, sock.getsockname())
+                peer = format_socket_address(sock.family, sock.getpeername())
+            return await establish(transport, options, local_address=local, peer_address=peer)
+        except BaseException:
+            transport.abort()
+            raise
+
+
+async def from_stream(
+    stream: ByteStream,
+    *,
+    timeout: float | None = None,
+    limits: Limits | None = None,
+    read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
+    allocator: Allocator | None = None,
+    oob_threshold: int = DEFAULT_OOB_THRESHOLD,
+    allow_pickle: bool = False,
+    local_address: str = "stream://",
+    peer_address: str = "stream://",
+) -> Comm:
+    """Run the anyio-comm protocol over any AnyIO byte stream.
+
+    Both ends call this (the handshake is symmetric). Every byte is copied
+    through the stream's ``receive()`` / ``send()``: the generic path, for
+    streams a socket address cannot describe (a ``TLSStream`` you built, a
+    stapled or memory stream, ...). The comm owns ``stream`` and closes it.
+
+    Args:
+        stream: a connected :class:`anyio.abc.ByteStream`.
+        timeout: seconds for the handshake.
+        local_address, peer_address: strings reported by the comm.
+        limits, read_buffer_size, allocator, oob_threshold, allow_pickle: as
+            in :func:`connect`.
+
+    Raises:
+        ValueError: invalid option.
+        TimeoutError: ``timeout`` expired.
+        RemoteProtocolError: the peer does not speak anyio-comm.
+        anyio.BrokenResourceError: the stream failed during the handshake.
+    """
+    options = make_options(limits, read_buffer_size, allocator, oob_threshold, allow_pickle)
+    transport = StreamTransport(stream)
+    try:
+        with anyio.fail_after(timeout):
+            return await establish(
+                transport, options, local_address=local_address, peer_address=peer_address
+            )
+    except BaseException:
+        transport.abort()
+        raise

@@ -1,0 +1,359 @@
+"""Server side: listen on an address and run a handler per connection.
+
+Structure: :func:`listen` owns one task group. In it run one accept loop per
+listening socket and one task per connection (handshake, then the user's
+handler). Leaving ``listen`` cancels the group, so every handler is
+cancelled and every connection closed before ``listen`` returns, then the
+listening sockets are closed.
+
+Errors: a connection that fails the handshake (wrong protocol, timeout,
+reset) is closed and logged at DEBUG level. A handler that ends with a
+connection error (``EndOfStream``, ``BrokenResourceError``,
+``ClosedResourceError``, ``RemoteProtocolError``, ``OSError``) is logged at
+DEBUG; any other exception from a handler is logged with its traceback at
+ERROR level on the ``anyio_comm`` logger. Either way only that connection is
+closed and the listener keeps serving.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import logging
+import os
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, Final, NoReturn, final
+
+import anyio
+from anyio import (
+    TASK_STATUS_IGNORED,
+    BrokenResourceError,
+    ClosedResourceError,
+    EndOfStream,
+    notify_closing,
+    wait_readable,
+)
+from anyio.abc import TaskGroup, TaskStatus
+
+from ._addressing import Address, format_socket_address, format_tcp, parse_address
+from ._comm import Comm, establish
+from ._connect import configure_socket
+from ._exceptions import ProtocolError
+from ._inproc import register, unregister
+from ._options import CommOptions, make_options
+from ._sansio.buffers import Allocator
+from ._sansio.decoder import DEFAULT_READ_BUFFER_SIZE
+from ._sansio.serialization import DEFAULT_OOB_THRESHOLD
+from ._sansio.wire import Limits
+from ._transports.base import Transport
+from ._transports.memory import MemoryByteStream
+from ._transports.rawsocket import SocketTransport
+from ._transports.stream import StreamTransport
+
+__all__ = ["Handler", "Listener", "listen", "serve"]
+
+logger = logging.getLogger("anyio_comm")
+
+#: ``async def handler(comm: Comm) -> None``
+Handler = Callable[[Comm], Awaitable[Any]]
+
+_CONNECTION_ERRORS: Final = (
+    EndOfStream,
+    BrokenResourceError,
+    ClosedResourceError,
+    ProtocolError,
+    OSError,
+    TimeoutError,
+)
+#: accept() errors that mean "out of resources": back off, then retry
+_RESOURCE_ERRNOS: Final = frozenset(
+    {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+)
+_ACCEPT_BATCH: Final = 64
+
+
+@final
+class Listener:
+    """A running listener, as yielded by :func:`listen` and started by :func:`serve`."""
+
+    __slots__ = ("_active", "_addresses")
+
+    def __init__(self, addresses: list[str]) -> None:
+        self._addresses = tuple(addresses)
+        self._active = 0
+
+    def __repr__(self) -> str:
+        return f"<Listener {self.address} ({self._active} connections)>"
+
+    @property
+    def address(self) -> str:
+        """The contact address, with the real port (``tcp://127.0.0.1:54321``)."""
+        return self._addresses[0]
+
+    @property
+    def addresses(self) -> tuple[str, ...]:
+        """Every bound address (a host name may bind IPv4 and IPv6)."""
+        return self._addresses
+
+    @property
+    def active_connections(self) -> int:
+        """Connections that completed the handshake and have not closed yet."""
+        return self._active
+
+
+async def _resolve_passive(host: str, port: int) -> list[tuple[Any, ...]]:
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return await anyio.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
+    return [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port))]
+
+
+async def _bind_tcp(host: str, port: int, backlog: int) -> list[socket.socket]:
+    infos = await _resolve_passive(host, port)
+    sockets: list[socket.socket] = []
+    seen: set[tuple[int, str]] = set()
+    try:
+        for family, type_, proto, _, sockaddr in infos:
+            if (family, sockaddr[0]) in seen:
+                continue
+            seen.add((family, sockaddr[0]))
+            sock = socket.socket(family, type_, proto)
+            sockets.append(sock)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+            if port == 0 and len(sockets) > 1:
+                # bind every family to the port the first one got
+                sockaddr = (sockaddr[0], sockets[0].getsockname()[1], *sockaddr[2:])
+            sock.bind(sockaddr)
+            sock.listen(backlog)
+            sock.setblocking(False)
+    except BaseException:
+        for sock in sockets:
+            sock.close()
+        raise
+    return sockets
+
+
+def _bind_unix(path: str, backlog: int) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(path)
+        sock.listen(backlog)
+        sock.setblocking(False)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+class _Server:
+    """Runs the accept loops and the per-connection tasks of one listener."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        options: CommOptions,
+        handshake_timeout: float,
+        task_group: TaskGroup,
+    ) -> None:
+        self.handler = handler
+        self.options = options
+        self.handshake_timeout = handshake_timeout
+        self.task_group = task_group
+        self.listener = Listener([])
+
+    async def accept_loop(self, sock: socket.socket) -> None:
+        while True:
+            for _ in range(_ACCEPT_BATCH):
+                try:
+                    conn, _ = sock.accept()
+                except BlockingIOError:
+                    break
+                except OSError as exc:
+                    if exc.errno in _RESOURCE_ERRNOS:
+                        logger.error("accept() failed (%s); retrying in 0.1 s", exc)
+                        await anyio.sleep(0.1)
+                        break
+                    if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
+                        continue
+                    raise
+                self.start_socket_connection(conn)
+            else:
+                # a flood of connections: let the handlers run too
+                await anyio.lowlevel.checkpoint()
+                continue
+            await wait_readable(sock)
+
+    def start_socket_connection(self, conn: socket.socket) -> None:
+        try:
+            configure_socket(conn)
+            local = format_socket_address(conn.family, conn.getsockname())
+            peer = format_socket_address(conn.family, conn.getpeername())
+        except OSError as exc:  # reset before we got to it
+            logger.debug("dropping connection: %s", exc)
+            conn.close()
+            return
+        self.task_group.start_soon(
+            self.run_connection, SocketTransport(conn), local, peer, name=f"anyio_comm {peer}"
+        )
+
+    def start_inproc_connection(self, stream: MemoryByteStream, peer: str) -> None:
+        local = self.listener.address
+        self.task_group.start_soon(
+            self.run_connection, StreamTransport(stream), local, peer, name=f"anyio_comm {peer}"
+        )
+
+    async def run_connection(self, transport: Transport, local: str, peer: str) -> None:
+        try:
+            with anyio.fail_after(self.handshake_timeout):
+                comm = await establish(
+                    transport, self.options, local_address=local, peer_address=peer
+                )
+        except _CONNECTION_ERRORS as exc:
+            transport.abort()
+            logger.debug("handshake with %s failed: %r", peer, exc)
+            return
+        except BaseException:
+            transport.abort()
+            raise
+        listener = self.listener
+        listener._active += 1
+        try:
+            async with comm:
+                await self.handler(comm)
+        except _CONNECTION_ERRORS as exc:
+            logger.debug("connection %s ended: %r", peer, exc)
+        except Exception:
+            logger.exception("connection handler for %s raised", peer)
+        finally:
+            listener._active -= 1
+
+
+def _close_listening(sockets: list[socket.socket], unix_path: str | None, inode: int) -> None:
+    for sock in sockets:
+        if sock.fileno() >= 0:
+            notify_closing(sock)
+            sock.close()
+    if unix_path is not None:
+        try:
+            if os.stat(unix_path).st_ino == inode:
+                os.unlink(unix_path)
+        except OSError:
+            pass
+
+
+@asynccontextmanager
+async def listen(
+    address: str,
+    handler: Handler,
+    *,
+    handshake_timeout: float = 10.0,
+    backlog: int = 1024,
+    limits: Limits | None = None,
+    read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
+    allocator: Allocator | None = None,
+    oob_threshold: int = DEFAULT_OOB_THRESHOLD,
+    allow_pickle: bool = False,
+) -> AsyncIterator[Listener]:
+    """Listen on ``address``; run ``await handler(comm)`` for each connection.
+
+    Use as ``async with listen(address, handler) as listener:``. Each handler
+    runs in its own task after a successful handshake; its comm is closed when
+    the handler returns. Leaving the block cancels every handler, closes every
+    connection and the listening sockets, and (for ``unix://``) removes the
+    socket file.
+
+    Args:
+        address: ``tcp://host:port`` (port 0 picks a free port; a host name may
+            bind several addresses), ``unix:///path`` or ``inproc://name``
+            (``inproc://`` alone picks a fresh name).
+        handler: ``async def handler(comm: Comm)``.
+        handshake_timeout: seconds a new connection has to complete the
+            handshake before it is dropped.
+        backlog: ``listen()`` backlog for socket addresses.
+        limits, read_buffer_size, allocator, oob_threshold, allow_pickle: per
+            connection, as in :func:`connect`.
+
+    Yields:
+        The :class:`Listener`; ``listener.address`` is the contact address.
+
+    Raises:
+        ValueError: malformed address, unknown scheme or invalid option.
+        TypeError: ``handler`` is not callable.
+        OSError: the address could not be bound (in use, permission, ...).
+    """
+    parsed: Address = parse_address(address)
+    if not callable(handler):
+        raise TypeError("handler must be an async callable taking a Comm")
+    if handshake_timeout <= 0:
+        raise ValueError("handshake_timeout must be positive")
+    options = make_options(limits, read_buffer_size, allocator, oob_threshold, allow_pickle)
+    sockets: list[socket.socket] = []
+    unix_path: str | None = None
+    inode = -1
+    inproc_name: str | None = None
+    try:
+        async with anyio.create_task_group() as task_group:
+            server = _Server(handler, options, handshake_timeout, task_group)
+            if parsed.scheme == "tcp":
+                sockets = await _bind_tcp(parsed.host, parsed.port, backlog)
+                addresses = [format_tcp(*s.getsockname()[:2]) for s in sockets]
+            elif parsed.scheme == "unix":
+                sockets = [_bind_unix(parsed.path, backlog)]
+                unix_path = parsed.path
+                inode = os.stat(unix_path).st_ino
+                addresses = [f"unix://{parsed.path}"]
+            else:
+                inproc_name = register(parsed.path, server.start_inproc_connection)
+                addresses = [f"inproc://{inproc_name}"]
+            server.listener = Listener(addresses)
+            for sock in sockets:
+                task_group.start_soon(server.accept_loop, sock, name=f"accept {addresses[0]}")
+            yield server.listener
+            task_group.cancel_scope.cancel()
+    finally:
+        if inproc_name is not None:
+            unregister(inproc_name)
+        _close_listening(sockets, unix_path, inode)
+
+
+async def serve(
+    address: str,
+    handler: Handler,
+    *,
+    task_status: TaskStatus[Listener] = TASK_STATUS_IGNORED,
+    handshake_timeout: float = 10.0,
+    backlog: int = 1024,
+    limits: Limits | None = None,
+    read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
+    allocator: Allocator | None = None,
+    oob_threshold: int = DEFAULT_OOB_THRESHOLD,
+    allow_pickle: bool = False,
+) -> NoReturn:
+    """Run a listener until cancelled; made for :meth:`anyio.abc.TaskGroup.start`.
+
+    ``listener = await task_group.start(serve, "tcp://127.0.0.1:0", handler)``
+    returns the :class:`Listener` once it is bound; cancelling the task group
+    stops it. Arguments and errors are those of :func:`listen`.
+    """
+    async with listen(
+        address,
+        handler,
+        handshake_timeout=handshake_timeout,
+        backlog=backlog,
+        limits=limits,
+        read_buffer_size=read_buffer_size,
+        allocator=allocator,
+        oob_threshold=oob_threshold,
+        allow_pickle=allow_pickle,
+    ) as listener:
+        task_status.started(listener)
+        await anyio.sleep_forever()
+    raise AssertionError("unreachable")  # pragma: no cover

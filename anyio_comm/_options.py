@@ -1,0 +1,50 @@
+"""Connection options shared by connect, listen and from_stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ._sansio.buffers import Allocator
+from ._sansio.decoder import DEFAULT_READ_BUFFER_SIZE, FrameDecoder
+from ._sansio.serialization import DEFAULT_OOB_THRESHOLD, Serializer
+from ._sansio.wire import Limits
+
+
+@dataclass(frozen=True, slots=True)
+class CommOptions:
+    """Validated per-connection options (see :func:`anyio_comm.connect`)."""
+
+    limits: Limits = field(default_factory=Limits)
+    read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE
+    allocator: Allocator | None = None
+    oob_threshold: int = DEFAULT_OOB_THRESHOLD
+    allow_pickle: bool = False
+
+    def __post_init__(self) -> None:
+        # Fail at the call site, not at the first connection.
+        FrameDecoder(self.limits, read_buffer_size=self.read_buffer_size)
+        self.serializer()
+
+    def decoder(self) -> FrameDecoder:
+        return FrameDecoder(
+            self.limits, read_buffer_size=self.read_buffer_size, allocator=self.allocator
+        )
+
+    def serializer(self) -> Serializer:
+        return Serializer(oob_threshold=self.oob_threshold, allow_pickle=self.allow_pickle)
+
+
+def make_options(
+    limits: Limits | None,
+    read_buffer_size: int,
+    allocator: Allocator | None,
+    oob_threshold: int,
+    allow_pickle: bool,
+) -> CommOptions:
+    return CommOptions(
+        limits=limits if limits is not None else Limits(),
+        read_buffer_size=read_buffer_size,
+        allocator=allocator,
+        oob_threshold=oob_threshold,
+        allow_pickle=allow_pickle,
+    )

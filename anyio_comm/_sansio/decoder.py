@@ -1,0 +1,376 @@
+"""Incremental decoder for the anyio-comm byte stream.
+
+Theory of operation
+-------------------
+The decoder follows asyncio's ``BufferedProtocol`` shape: it never receives
+bytes as arguments. Instead the I/O layer asks it where the next bytes should
+go (:meth:`FrameDecoder.get_buffer`), reads straight into that buffer
+(``sock.recv_into``, ``SSLObject.read(n, buffer)``) and reports how much it
+wrote (:meth:`FrameDecoder.buffer_updated`). Then it calls
+:meth:`FrameDecoder.next_message` until that returns ``None`` ("need data").
+
+There are two places bytes can land:
+
+* the **read-ahead buffer**, a fixed ``bytearray`` reused for the whole
+  connection. Headers and small frames arrive here; one ``recv`` may carry many
+  small messages, which are then served without further system calls. A small
+  frame is copied out into a buffer of its own (a memcpy of a few KiB is far
+  cheaper than a syscall).
+* the **frame's own buffer**. Each frame gets one exact-size allocation when it
+  starts (never before its header passed the limits). When the read-ahead
+  buffer is empty and at least ``direct_threshold`` bytes of the current frame
+  are missing, :meth:`get_buffer` returns the unfilled tail of the frame buffer
+  itself, so the kernel copies those bytes exactly once, into their final
+  place. At most one read-ahead buffer's worth of a large frame is ever copied.
+
+Limits are checked on the header, before anything is allocated for the
+message: the frame count before the length table is read, and every frame
+length and their sum before the first frame buffer exists. The only
+allocations driven by the peer are the length table (``8 * max_frames`` bytes
+at most) and the frame buffers (``max_frame_size`` each,
+``max_message_size`` together).
+
+The decoder completes at most one message per :meth:`next_message` call and
+keeps no queue of decoded messages, so the bytes it holds are bounded by the
+read-ahead buffer plus the message being filled: a consumer that stops
+calling it stops the reads from the socket.
+
+All state lives in the decoder, so an I/O operation that is cancelled between
+``get_buffer`` and ``buffer_updated`` (nothing was written) loses nothing: the
+next call resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Final
+
+from .._exceptions import RemoteProtocolError
+from .buffers import Allocator, allocate, default_allocator
+from .wire import (
+    MAGIC,
+    MAX_PREAMBLE_BODY,
+    PREAMBLE_BODY_V1_SIZE,
+    PREAMBLE_FIXED_SIZE,
+    PROTOCOL_VERSION,
+    Handshake,
+    Limits,
+    parse_preamble_body,
+    parse_preamble_head,
+    unpack_count,
+    unpack_lengths,
+)
+
+__all__ = ["DEFAULT_READ_BUFFER_SIZE", "EndOfData", "FrameDecoder"]
+
+DEFAULT_READ_BUFFER_SIZE: Final = 64 * 1024
+MIN_READ_BUFFER_SIZE: Final = 4096
+
+
+class EndOfData(Exception):
+    """The byte stream ended (the I/O layer called ``receive_eof``).
+
+    Attributes:
+        truncated: ``False`` when the stream ended cleanly between messages;
+            ``True`` when it ended inside a preamble or a message.
+    """
+
+    def __init__(self, message: str, *, truncated: bool) -> None:
+        super().__init__(message)
+        self.truncated = truncated
+
+
+class _State(enum.Enum):
+    PREAMBLE = "preamble"
+    COUNT = "frame count"
+    LENGTHS = "frame lengths"
+    FRAME = "frame"
+
+
+def _describe(data: memoryview) -> str:
+    head = bytes(data[:16])
+    return repr(head) + ("..." if data.nbytes > 16 else "")
+
+
+class FrameDecoder:
+    """Turns the incoming byte stream into a preamble, then lists of frames.
+
+    Args:
+        limits: our receive limits, enforced on every header.
+        read_buffer_size: size of the read-ahead buffer (at least 4096).
+        allocator: allocates each frame's buffer (see
+            :mod:`anyio_comm._sansio.buffers`).
+
+    Raises:
+        ValueError: ``read_buffer_size`` is below 4096.
+    """
+
+    __slots__ = (
+        "_allocator",
+        "_buf",
+        "_direct",
+        "_direct_threshold",
+        "_end",
+        "_eof",
+        "_fast_alloc",
+        "_filled",
+        "_frames",
+        "_lengths",
+        "_limits",
+        "_start",
+        "_state",
+        "_target",
+        "_view",
+    )
+
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        *,
+        read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
+        allocator: Allocator | None = None,
+    ) -> None:
+        if read_buffer_size < MIN_READ_BUFFER_SIZE:
+            raise ValueError(
+                f"read_buffer_size must be at least {MIN_READ_BUFFER_SIZE}, "
+                f"got {read_buffer_size}"
+            )
+        self._limits = limits if limits is not None else Limits()
+        self._allocator: Allocator = allocator or default_allocator
+        self._fast_alloc = self._allocator is default_allocator
+        self._buf = bytearray(read_buffer_size)
+        self._view = memoryview(self._buf)
+        self._start = 0
+        self._end = 0
+        self._direct = False
+        self._direct_threshold = read_buffer_size // 4
+        self._eof = False
+        self._state = _State.PREAMBLE
+        self._target: memoryview | None = None
+        self._filled = 0
+        self._lengths: tuple[int, ...] = ()
+        self._frames: list[memoryview] = []
+
+    @property
+    def limits(self) -> Limits:
+        """Our receive limits."""
+        return self._limits
+
+    @property
+    def at_message_boundary(self) -> bool:
+        """True when no part of a message has been received."""
+        return self._state is _State.COUNT and self._start == self._end
+
+    # -- feeding -----------------------------------------------------------
+
+    def get_buffer(self) -> memoryview:
+        """Return the writable buffer the next received bytes must go into.
+
+        Call it only after :meth:`next_handshake` / :meth:`next_message`
+        returned ``None``. Write up to ``len(buffer)`` bytes into it, then call
+        :meth:`buffer_updated` with the number written (or nothing, if the
+        read was abandoned: nothing is lost).
+        """
+        target = self._target
+        if target is not None and self._start == self._end:
+            missing = target.nbytes - self._filled
+            if missing >= self._direct_threshold:
+                self._direct = True
+                return target[self._filled :]
+        self._direct = False
+        start = self._start
+        if start:
+            # Only a partial fixed-size header (< 12 bytes) or a partial
+            # preamble can be left here, so this move is tiny.
+            end = self._end
+            self._buf[: end - start] = self._view[start:end]
+            self._start = 0
+            self._end = end - start
+        return self._view[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        """Record that ``nbytes`` bytes were written into the last buffer from
+        :meth:`get_buffer`. Then call :meth:`next_message` (or
+        :meth:`next_handshake`).
+        """
+        if self._direct:
+            self._filled += nbytes
+        else:
+            self._end += nbytes
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        """Copy ``data`` in through :meth:`get_buffer` / :meth:`buffer_updated`.
+
+        A convenience for tests and for transports that only deliver ``bytes``;
+        after it returns, drain with :meth:`next_message`. It may call
+        :meth:`next_message` internally to make room, so do not feed more than
+        one message's worth of data without draining.
+        """
+        view = memoryview(data).cast("B")
+        while view:
+            buf = self.get_buffer()
+            n = min(buf.nbytes, view.nbytes)
+            buf[:n] = view[:n]
+            self.buffer_updated(n)
+            view = view[n:]
+            if view and not self._direct and self._end == len(self._buf):
+                raise BufferError("read-ahead buffer full: drain with next_message()")
+
+    def receive_eof(self) -> None:
+        """Record that the peer will send nothing more. Then keep calling
+        :meth:`next_message` until it raises :exc:`EndOfData`.
+        """
+        self._eof = True
+
+    # -- decoding ----------------------------------------------------------
+
+    def next_handshake(self) -> Handshake | None:
+        """Parse the peer's preamble.
+
+        Returns:
+            The peer's :class:`Handshake`, or ``None`` when more bytes are needed.
+
+        Raises:
+            RemoteProtocolError: wrong magic, unsupported version or malformed
+                preamble (raised as soon as the first wrong byte arrives).
+            EndOfData: the stream ended before the preamble was complete.
+            RuntimeError: the preamble was already parsed.
+        """
+        if self._state is not _State.PREAMBLE:
+            raise RuntimeError("the preamble has already been received")
+        start = self._start
+        avail = self._end - start
+        head = self._view[start : start + min(avail, len(MAGIC))]
+        if head != MAGIC[: head.nbytes]:
+            raise RemoteProtocolError(
+                "peer does not speak the anyio-comm protocol (bad magic: "
+                f"{_describe(self._view[start : self._end])})"
+            )
+        if avail < PREAMBLE_FIXED_SIZE:
+            return self._need_data("the connection preamble")
+        version, length = parse_preamble_head(self._view[start:])
+        if version < PROTOCOL_VERSION:
+            raise RemoteProtocolError(f"unsupported protocol version {version}")
+        if not PREAMBLE_BODY_V1_SIZE <= length <= MAX_PREAMBLE_BODY:
+            raise RemoteProtocolError(f"invalid preamble body length {length}")
+        if avail < PREAMBLE_FIXED_SIZE + length:
+            return self._need_data("the connection preamble")
+        limits = parse_preamble_body(self._view[start + PREAMBLE_FIXED_SIZE :])
+        self._start = start + PREAMBLE_FIXED_SIZE + length
+        self._state = _State.COUNT
+        return Handshake(version=min(version, PROTOCOL_VERSION), limits=limits)
+
+    def next_message(self) -> list[memoryview] | None:
+        """Return the next complete message's frames, or ``None`` if more
+        bytes are needed (then call :meth:`get_buffer`).
+
+        Each frame is a ``memoryview`` over its own exact-size buffer.
+
+        Raises:
+            RemoteProtocolError: a header violates our limits.
+            EndOfData: the stream ended (``truncated`` tells whether a message
+                was cut off).
+            RuntimeError: the preamble was not parsed yet.
+        """
+        state = self._state
+        if state is _State.PREAMBLE:
+            raise RuntimeError("call next_handshake() before next_message()")
+        view = self._view
+        while True:
+            if state is _State.COUNT:
+                start = self._start
+                avail = self._end - start
+                if avail < 4:
+                    return self._need_data("a message header")
+                count = unpack_count(view, start)
+                if count > self._limits.max_frames:
+                    raise RemoteProtocolError(
+                        f"message has {count} frames; the limit is "
+                        f"{self._limits.max_frames}"
+                    )
+                if count == 0:
+                    self._start = start + 4
+                    return []
+                need = 8 * count
+                if avail - 4 >= need:
+                    self._start = start + 4 + need
+                    self._begin_frames(unpack_lengths(view, start + 4, count))
+                else:
+                    self._start = start + 4
+                    self._target = memoryview(bytearray(need))
+                    self._filled = 0
+                    self._state = _State.LENGTHS
+                state = self._state
+                continue
+
+            target = self._target
+            if target is None:
+                # FRAME, next frame not started yet
+                frames = self._frames
+                length = self._lengths[len(frames)]
+                start = self._start
+                if self._fast_alloc and self._end - start >= length:
+                    frames.append(memoryview(bytearray(view[start : start + length])))
+                    self._start = start + length
+                    if len(frames) == len(self._lengths):
+                        return self._finish_message()
+                    continue
+                target = self._target = allocate(self._allocator, length)
+                self._filled = 0
+
+            missing = target.nbytes - self._filled
+            if missing:
+                start = self._start
+                take = min(self._end - start, missing)
+                if take:
+                    filled = self._filled
+                    target[filled : filled + take] = view[start : start + take]
+                    self._filled = filled + take
+                    self._start = start + take
+                if take < missing:
+                    return self._need_data("a message")
+
+            self._target = None
+            if state is _State.LENGTHS:
+                self._begin_frames(unpack_lengths(target, 0, target.nbytes // 8))
+                state = self._state
+                continue
+            self._frames.append(target)
+            if len(self._frames) == len(self._lengths):
+                return self._finish_message()
+
+    def _begin_frames(self, lengths: tuple[int, ...]) -> None:
+        limits = self._limits
+        total = 0
+        for length in lengths:
+            if length > limits.max_frame_size:
+                raise RemoteProtocolError(
+                    f"frame of {length} bytes exceeds the limit of "
+                    f"{limits.max_frame_size} bytes per frame"
+                )
+            total += length
+        if total > limits.max_message_size:
+            raise RemoteProtocolError(
+                f"message of {total} bytes exceeds the limit of "
+                f"{limits.max_message_size} bytes per message"
+            )
+        self._lengths = lengths
+        self._frames = []
+        self._target = None
+        self._state = _State.FRAME
+
+    def _finish_message(self) -> list[memoryview]:
+        frames = self._frames
+        self._frames = []
+        self._lengths = ()
+        self._state = _State.COUNT
+        return frames
+
+    def _need_data(self, what: str) -> None:
+        if not self._eof:
+            return None
+        if self.at_message_boundary:
+            raise EndOfData("the peer closed the connection", truncated=False)
+        raise EndOfData(
+            f"the connection closed in the middle of {what}", truncated=True
+        )

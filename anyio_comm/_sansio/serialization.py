@@ -1,0 +1,224 @@
+"""Message serialization: msgpack body plus out-of-band frames.
+
+A message becomes a list of frames: frame 0 is the msgpack body, frames 1..N
+are the out-of-band buffers, in the order the body references them.
+
+* Bytes-like values (``bytes``, ``bytearray``, ``memoryview``,
+  ``pickle.PickleBuffer``) of at least ``oob_threshold`` bytes are not copied
+  into the body: they are replaced by the msgpack extension type
+  :data:`EXT_OOB` whose 4-byte big-endian payload is the index ``i`` of the
+  out-of-band buffer (frame ``i + 1``). On receipt they come back as
+  ``memoryview`` objects over their own frame buffer (zero-copy). Smaller
+  values travel inside the body and come back as ``bytes``.
+* With ``allow_pickle=True`` (trusted peers only) objects msgpack cannot
+  encode are pickled with protocol 5; the pickle stream and every buffer it
+  exports travel as out-of-band frames, referenced by the extension type
+  :data:`EXT_PICKLE` whose payload is a sequence of 4-byte big-endian
+  indices: the pickle stream's, then each of its buffers'. A receiver that did
+  not opt in refuses such a message with ``RemoteProtocolError`` and never
+  unpickles anything.
+
+Tuples are encoded as msgpack arrays and come back as lists. Map keys must be
+``str`` or ``bytes`` on receipt (msgpack's ``strict_map_key``).
+"""
+
+from __future__ import annotations
+
+import pickle
+import struct
+from collections.abc import Sequence
+from typing import Any, Final
+
+import msgpack
+
+from .._exceptions import RemoteProtocolError, SerializationError
+from ._buffer import Buffer
+
+__all__ = ["DEFAULT_OOB_THRESHOLD", "EXT_OOB", "EXT_PICKLE", "Serializer"]
+
+EXT_OOB: Final = 1
+EXT_PICKLE: Final = 2
+DEFAULT_OOB_THRESHOLD: Final = 4096
+
+_INDEX = struct.Struct("!I")
+_BYTES_TYPES: Final = (bytes, bytearray, memoryview, pickle.PickleBuffer)
+
+
+def _flat(value: Buffer) -> memoryview:
+    view = memoryview(value)
+    if isinstance(value, pickle.PickleBuffer):
+        view = value.raw()
+    if view.c_contiguous:
+        return view.cast("B") if view.ndim != 1 or view.format != "B" else view
+    return memoryview(view.tobytes())
+
+
+class Serializer:
+    """Encodes messages into frames and back.
+
+    Args:
+        oob_threshold: bytes-like values of at least this many bytes travel
+            as out-of-band frames.
+        allow_pickle: encode objects msgpack cannot handle with pickle
+            protocol 5, and accept pickled objects from the peer. Only for
+            peers you trust: unpickling runs arbitrary code.
+
+    Raises:
+        ValueError: ``oob_threshold`` is negative.
+    """
+
+    __slots__ = ("_allow_pickle", "_oob_threshold")
+
+    def __init__(
+        self, *, oob_threshold: int = DEFAULT_OOB_THRESHOLD, allow_pickle: bool = False
+    ) -> None:
+        if oob_threshold < 0:
+            raise ValueError(f"oob_threshold must be >= 0, got {oob_threshold}")
+        self._oob_threshold = oob_threshold
+        self._allow_pickle = allow_pickle
+
+    @property
+    def allow_pickle(self) -> bool:
+        """Whether pickle is enabled (both directions)."""
+        return self._allow_pickle
+
+    # -- encoding ----------------------------------------------------------
+
+    def dumps(self, message: Any) -> list[memoryview]:
+        """Encode ``message`` into frames (body first).
+
+        The returned out-of-band frames are views of the caller's buffers: do
+        not modify them until the send completes.
+
+        Raises:
+            SerializationError: the message contains an unsupported type (and
+                pickle is not enabled), is nested too deeply, or an integer
+                does not fit in 64 bits.
+        """
+        oob: list[memoryview] = []
+        try:
+            prepared = self._extract(message, oob)
+            body = msgpack.packb(
+                prepared,
+                default=self._default_pickle(oob) if self._allow_pickle else _no_default,
+                use_bin_type=True,
+                datetime=False,
+            )
+        except SerializationError:
+            raise
+        except (TypeError, ValueError, OverflowError, RecursionError,
+                pickle.PicklingError) as exc:
+            raise SerializationError(f"cannot serialize message: {exc}") from exc
+        return [memoryview(body), *oob]
+
+    def _extract(self, obj: Any, oob: list[memoryview]) -> Any:
+        """Return ``obj`` with large buffers replaced by out-of-band references.
+
+        Containers are rebuilt only where something inside them changed, so a
+        message without large buffers is passed to msgpack as it is.
+        """
+        cls = type(obj)
+        if cls is dict:
+            new: dict[Any, Any] | None = None
+            for key, value in obj.items():
+                replaced = self._extract(value, oob)
+                if replaced is not value:
+                    if new is None:
+                        new = dict(obj)
+                    new[key] = replaced
+            return obj if new is None else new
+        if cls is list or cls is tuple:
+            items: list[Any] | None = None
+            for i, value in enumerate(obj):
+                replaced = self._extract(value, oob)
+                if replaced is not value:
+                    if items is None:
+                        items = list(obj)
+                    items[i] = replaced
+            return obj if items is None else items
+        if cls in _BYTES_TYPES or isinstance(obj, _BYTES_TYPES):
+            view = _flat(obj)
+            if view.nbytes >= self._oob_threshold:
+                oob.append(view)
+                return msgpack.ExtType(EXT_OOB, _INDEX.pack(len(oob) - 1))
+            if cls is not bytes:
+                return view.tobytes() if cls is not bytearray else obj
+        return obj
+
+    def _default_pickle(self, oob: list[memoryview]) -> Any:
+        def default(obj: Any) -> msgpack.ExtType:
+            buffers: list[pickle.PickleBuffer] = []
+            data = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+            indices = [len(oob)]
+            oob.append(memoryview(data))
+            for buffer in buffers:
+                indices.append(len(oob))
+                oob.append(_flat(buffer))
+            return msgpack.ExtType(
+                EXT_PICKLE, struct.pack(f"!{len(indices)}I", *indices)
+            )
+
+        return default
+
+    # -- decoding ----------------------------------------------------------
+
+    def loads(self, frames: Sequence[memoryview]) -> Any:
+        """Decode a message from its frames.
+
+        Raises:
+            RemoteProtocolError: no body frame, malformed msgpack, trailing
+                bytes, an unknown extension type, an out-of-band reference out
+                of range, or pickled data while pickle is not enabled.
+        """
+        if not frames:
+            raise RemoteProtocolError("message has no body frame")
+        oob = frames[1:]
+
+        def ext_hook(code: int, data: bytes) -> Any:
+            if code == EXT_OOB:
+                if len(data) != 4:
+                    raise RemoteProtocolError("malformed out-of-band reference")
+                return _oob_frame(oob, _INDEX.unpack(data)[0])
+            if code == EXT_PICKLE:
+                if not self._allow_pickle:
+                    raise RemoteProtocolError(
+                        "peer sent pickled data but pickle is not enabled "
+                        "(allow_pickle=False)"
+                    )
+                if not data or len(data) % 4:
+                    raise RemoteProtocolError("malformed pickle reference")
+                indices = struct.unpack(f"!{len(data) // 4}I", data)
+                buffers = [_oob_frame(oob, i) for i in indices[1:]]
+                try:
+                    return pickle.loads(_oob_frame(oob, indices[0]), buffers=buffers)
+                except Exception as exc:
+                    raise RemoteProtocolError(f"cannot unpickle: {exc!r}") from exc
+            raise RemoteProtocolError(f"unknown msgpack extension type {code}")
+
+        try:
+            return msgpack.unpackb(
+                frames[0], ext_hook=ext_hook, raw=False, strict_map_key=True,
+                timestamp=0,
+            )
+        except RemoteProtocolError:
+            raise
+        except Exception as exc:
+            # msgpack raises ExtraData, FormatError, StackError, ValueError,
+            # TypeError (unhashable or non-str key) and UnicodeDecodeError.
+            raise RemoteProtocolError(f"malformed message body: {exc!r}") from exc
+
+
+def _oob_frame(oob: Sequence[memoryview], index: int) -> memoryview:
+    if index >= len(oob):
+        raise RemoteProtocolError(
+            f"out-of-band reference {index} but the message has {len(oob)} "
+            "out-of-band frames"
+        )
+    return oob[index]
+
+
+def _no_default(obj: Any) -> Any:
+    raise SerializationError(
+        f"cannot serialize object of type {type(obj).__name__!r} "
+        "(enable allow_pickle=True for trusted peers)"
+    )

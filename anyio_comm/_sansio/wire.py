@@ -1,0 +1,202 @@
+"""Wire-format constants and encoders (see ``docs/wire-format.md``).
+
+Everything on the wire is big-endian ("network order").
+
+Connection preamble, sent by each side as soon as the connection is up::
+
+    magic      8 bytes   89 41 43 4F 4D 4D 0D 0A  ("\\x89ACOMM\\r\\n")
+    version    u16       highest protocol version the sender speaks (1)
+    length     u16       length L of the body that follows, 20 <= L <= 1024
+    body       L bytes   version 1: max_frames u32, max_frame_size u64,
+                         max_message_size u64 (the sender's receive limits);
+                         bytes past the fields a reader knows are ignored
+
+Each message after the preamble::
+
+    count      u32       number of frames N
+    lengths    N x u64   length of each frame
+    frames               the N frames' bytes, back to back
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from .._exceptions import LocalProtocolError
+from ._buffer import Buffer
+
+__all__ = [
+    "COALESCE_THRESHOLD",
+    "MAGIC",
+    "PREAMBLE_FIXED_SIZE",
+    "PROTOCOL_VERSION",
+    "Handshake",
+    "Limits",
+    "encode_header",
+    "encode_preamble",
+    "frames_to_iov",
+]
+
+MAGIC: Final = b"\x89ACOMM\r\n"
+PROTOCOL_VERSION: Final = 1
+#: magic + version + body length
+PREAMBLE_FIXED_SIZE: Final = len(MAGIC) + 4
+#: largest preamble body a reader accepts
+MAX_PREAMBLE_BODY: Final = 1024
+
+_PREAMBLE_HEAD = struct.Struct("!8sHH")
+_PREAMBLE_BODY_V1 = struct.Struct("!IQQ")
+PREAMBLE_BODY_V1_SIZE: Final = _PREAMBLE_BODY_V1.size
+_COUNT = struct.Struct("!I")
+_COUNT_AND_LENGTH = struct.Struct("!IQ")
+
+#: buffers shorter than this are copied together into one piece before sending
+COALESCE_THRESHOLD: Final = 2048
+
+_U32_MAX: Final = 2**32 - 1
+_U64_MAX: Final = 2**64 - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """Receive limits, checked on every message header before anything is allocated.
+
+    Each side announces its limits in the preamble; a sender refuses (with
+    :exc:`~anyio_comm.LocalProtocolError`) to send a message over the peer's
+    limits, and a receiver closes the connection with
+    :exc:`~anyio_comm.RemoteProtocolError` when a header exceeds its own.
+
+    Attributes:
+        max_frames: most frames in one message (the header alone is
+            ``4 + 8 * max_frames`` bytes).
+        max_frame_size: largest single frame, in bytes.
+        max_message_size: largest sum of all frame lengths of one message.
+
+    Raises:
+        ValueError: a limit is negative or does not fit its wire field
+            (u32 for ``max_frames``, u64 for the sizes).
+    """
+
+    max_frames: int = 16_384
+    max_frame_size: int = 2**30
+    max_message_size: int = 2**31
+
+    def __post_init__(self) -> None:
+        for name, value, top in (
+            ("max_frames", self.max_frames, _U32_MAX),
+            ("max_frame_size", self.max_frame_size, _U64_MAX),
+            ("max_message_size", self.max_message_size, _U64_MAX),
+        ):
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+            if not 0 <= value <= top:
+                raise ValueError(f"{name} must be between 0 and {top}, got {value}")
+
+    def check_send(self, lengths: Sequence[int]) -> None:
+        """Check a message about to be sent against these (the peer's) limits.
+
+        Raises:
+            LocalProtocolError: the message has too many frames, a frame that
+                is too large, or a total size over ``max_message_size``.
+        """
+        if len(lengths) > self.max_frames:
+            raise LocalProtocolError(
+                f"message has {len(lengths)} frames; the peer accepts at most "
+                f"{self.max_frames}"
+            )
+        total = 0
+        for length in lengths:
+            if length > self.max_frame_size:
+                raise LocalProtocolError(
+                    f"frame of {length} bytes exceeds the peer's limit of "
+                    f"{self.max_frame_size} bytes per frame"
+                )
+            total += length
+        if total > self.max_message_size:
+            raise LocalProtocolError(
+                f"message of {total} bytes exceeds the peer's limit of "
+                f"{self.max_message_size} bytes per message"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Handshake:
+    """What a peer announced in its preamble.
+
+    Attributes:
+        version: the highest protocol version the peer speaks.
+        limits: the peer's receive limits.
+    """
+
+    version: int
+    limits: Limits
+
+
+def encode_preamble(limits: Limits, version: int = PROTOCOL_VERSION) -> bytes:
+    """Return the connection preamble announcing ``limits``."""
+    body = _PREAMBLE_BODY_V1.pack(
+        limits.max_frames, limits.max_frame_size, limits.max_message_size
+    )
+    return _PREAMBLE_HEAD.pack(MAGIC, version, len(body)) + body
+
+
+def parse_preamble_head(data: Buffer) -> tuple[int, int]:
+    """Unpack the fixed part of a preamble; return ``(version, body_length)``.
+
+    ``data`` must hold :data:`PREAMBLE_FIXED_SIZE` bytes whose magic was checked.
+    """
+    _, version, length = _PREAMBLE_HEAD.unpack_from(data)
+    return version, length
+
+
+def parse_preamble_body(data: Buffer) -> Limits:
+    """Unpack a version-1 preamble body (trailing bytes are ignored)."""
+    max_frames, max_frame_size, max_message_size = _PREAMBLE_BODY_V1.unpack_from(data)
+    return Limits(max_frames, max_frame_size, max_message_size)
+
+
+def encode_header(lengths: Sequence[int]) -> bytes:
+    """Return the header of a message whose frames have these lengths."""
+    n = len(lengths)
+    if n == 1:
+        return _COUNT_AND_LENGTH.pack(1, lengths[0])
+    return struct.pack(f"!I{n}Q", n, *lengths)
+
+
+def unpack_count(data: Buffer, offset: int) -> int:
+    """Unpack a frame count at ``offset``."""
+    count: int = _COUNT.unpack_from(data, offset)[0]
+    return count
+
+
+def unpack_lengths(data: Buffer, offset: int, count: int) -> tuple[int, ...]:
+    """Unpack ``count`` frame lengths starting at ``offset``."""
+    return struct.unpack_from(f"!{count}Q", data, offset)
+
+
+def frames_to_iov(header: bytes, frames: Sequence[memoryview]) -> list[Buffer]:
+    """Lay out ``header`` and ``frames`` as the buffers of one gather write.
+
+    Runs of neighbouring buffers shorter than :data:`COALESCE_THRESHOLD` are
+    copied together into one ``bytes`` (a memcpy of a few KiB is cheaper than
+    an extra iovec and a kernel copy setup); larger frames are passed through
+    as the caller's views, never copied. Empty frames are dropped.
+    """
+    iov: list[Buffer] = []
+    pending: list[Buffer] = [header]
+    for frame in frames:
+        size = frame.nbytes
+        if size < COALESCE_THRESHOLD:
+            if size:
+                pending.append(frame)
+            continue
+        if pending:
+            iov.append(pending[0] if len(pending) == 1 else b"".join(pending))
+            pending = []
+        iov.append(frame)
+    if pending:
+        iov.append(pending[0] if len(pending) == 1 else b"".join(pending))
+    return iov

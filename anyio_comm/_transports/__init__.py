@@ -1,0 +1,1 @@
+"""Transports move bytes only: no msgpack, no framing (``tests/test_layering.py``)."""

@@ -1,0 +1,104 @@
+"""An in-memory byte stream pair with bounded buffering.
+
+Used by ``inproc://`` addresses and by tests. Bytes sent are copied (the
+sender may reuse its buffers as soon as ``send`` returns) into chunks of at
+most ``chunk_size`` bytes; at most ``max_chunks`` chunks wait in each
+direction, so a receiver that stops reading blocks the sender.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+from anyio import BrokenResourceError, ClosedResourceError, EndOfStream
+from anyio.abc import ByteStream
+from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+from .._sansio._buffer import Buffer
+
+__all__ = ["MemoryByteStream", "memory_byte_stream_pair"]
+
+
+class MemoryByteStream(ByteStream):
+    """One end of a :func:`memory_byte_stream_pair`."""
+
+    __slots__ = ("_chunk_size", "_closed", "_pending", "_receiver", "_sender")
+
+    def __init__(
+        self,
+        sender: MemoryObjectSendStream[bytes],
+        receiver: MemoryObjectReceiveStream[bytes],
+        chunk_size: int,
+    ) -> None:
+        self._sender = sender
+        self._receiver = receiver
+        self._chunk_size = chunk_size
+        self._pending = b""
+        self._closed = False
+
+    @property
+    def extra_attributes(self) -> Mapping[Any, Any]:
+        return {}
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        if self._closed:
+            raise ClosedResourceError
+        if not self._pending:
+            try:
+                self._pending = await self._receiver.receive()
+            except anyio.EndOfStream:
+                raise EndOfStream from None
+        data = self._pending[:max_bytes]
+        self._pending = self._pending[max_bytes:]
+        return data
+
+    async def send(self, item: Buffer) -> None:  # type: ignore[override]
+        if self._closed:
+            raise ClosedResourceError
+        view = memoryview(item).cast("B")
+        size = self._chunk_size
+        try:
+            for offset in range(0, view.nbytes, size):
+                await self._sender.send(bytes(view[offset : offset + size]))
+        except ClosedResourceError:
+            if self._closed:
+                raise
+            raise BrokenResourceError("the stream was closed for sending") from None
+
+    async def send_eof(self) -> None:
+        await self._sender.aclose()
+
+    def close(self) -> None:
+        """Close both directions at once (the synchronous form of :meth:`aclose`)."""
+        self._closed = True
+        self._sender.close()
+        self._receiver.close()
+
+    async def aclose(self) -> None:
+        self.close()
+        await anyio.lowlevel.checkpoint()
+
+
+def memory_byte_stream_pair(
+    *, max_chunks: int = 16, chunk_size: int = 65536
+) -> tuple[MemoryByteStream, MemoryByteStream]:
+    """Return two connected :class:`anyio.abc.ByteStream` objects.
+
+    Args:
+        max_chunks: chunks that may wait unread in each direction.
+        chunk_size: largest chunk, in bytes (so at most
+            ``max_chunks * chunk_size`` bytes are buffered per direction).
+
+    Raises:
+        ValueError: a size is below 1.
+    """
+    if max_chunks < 1 or chunk_size < 1:
+        raise ValueError("max_chunks and chunk_size must be at least 1")
+    a_send, b_receive = anyio.create_memory_object_stream[bytes](max_chunks)
+    b_send, a_receive = anyio.create_memory_object_stream[bytes](max_chunks)
+    return (
+        MemoryByteStream(a_send, a_receive, chunk_size),
+        MemoryByteStream(b_send, b_receive, chunk_size),
+    )

@@ -1,0 +1,197 @@
+"""A transport that owns a non-blocking TCP or Unix socket.
+
+Theory of operation
+-------------------
+AnyIO's socket streams cannot receive into a caller's buffer or gather-send,
+and on asyncio their socket belongs to an asyncio transport. This transport
+owns the socket and uses only AnyIO's event-loop primitives, so the same code
+runs on asyncio, uvloop and trio:
+
+* receive: try ``sock.recv_into(buffer)``; only on ``BlockingIOError`` wait
+  with :func:`anyio.wait_readable`, then try again;
+* send: ``sock.sendmsg`` over at most ``IOV_MAX`` buffers, advancing over
+  partial writes without copying; on ``BlockingIOError`` wait with
+  :func:`anyio.wait_writable`;
+* close: mark closed, :func:`anyio.notify_closing` (wakes a task blocked on
+  the socket with ``ClosedResourceError``), cancel any wait still pending, then
+  ``sock.close()``.
+
+The kernel's socket buffers are the only buffering: a peer that stops reading
+makes ``sendmsg`` return ``EAGAIN`` and our sender waits (backpressure).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+import anyio
+from anyio import (
+    BrokenResourceError,
+    CancelScope,
+    ClosedResourceError,
+    notify_closing,
+    wait_readable,
+    wait_writable,
+)
+from anyio.abc import SocketAttribute
+
+from .._sansio._buffer import Buffer
+from .base import Transport
+
+__all__ = ["SocketTransport"]
+
+try:
+    IOV_MAX: Final = min(os.sysconf("SC_IOV_MAX"), 1024)
+except (AttributeError, ValueError, OSError):  # pragma: no cover
+    IOV_MAX = 16  # type: ignore[misc]
+
+_HAS_SENDMSG: Final = hasattr(socket.socket, "sendmsg")
+
+
+def _socket_address(family: int, address: Any) -> Any:
+    if family in (socket.AF_INET, socket.AF_INET6):
+        return tuple(address[:2])
+    if isinstance(address, bytes):  # abstract Unix socket
+        return address.decode(errors="surrogateescape")
+    return address
+
+
+class SocketTransport(Transport):
+    """Byte transport over a connected stream socket that this object owns."""
+
+    __slots__ = ("_closed", "_recv_scope", "_send_scope", "_sock")
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        sock.setblocking(False)
+        self._sock = sock
+        self._closed = False
+        self._recv_scope: CancelScope | None = None
+        self._send_scope: CancelScope | None = None
+
+    @property
+    def extra_attributes(self) -> Mapping[Any, Any]:
+        sock = self._sock
+        family = sock.family
+        attributes: dict[Any, Any] = {
+            SocketAttribute.family: lambda: family,
+            SocketAttribute.local_address: lambda: _socket_address(
+                family, sock.getsockname()
+            ),
+            SocketAttribute.raw_socket: lambda: sock,
+        }
+        try:
+            peer = sock.getpeername()
+        except OSError:
+            peer = None
+        if peer is not None:
+            attributes[SocketAttribute.remote_address] = lambda: _socket_address(
+                family, peer
+            )
+        if family in (socket.AF_INET, socket.AF_INET6):
+            attributes[SocketAttribute.local_port] = lambda: sock.getsockname()[1]
+            if peer is not None:
+                attributes[SocketAttribute.remote_port] = lambda: peer[1]
+        return attributes
+
+    def _translate(self, exc: OSError) -> Exception:
+        if self._closed or exc.errno == errno.EBADF:
+            return ClosedResourceError()
+        return BrokenResourceError(f"connection failed: {exc}")
+
+    async def _wait(self, readable: bool) -> None:
+        self.yielded = True
+        with CancelScope() as scope:
+            if readable:
+                self._recv_scope = scope
+                try:
+                    await wait_readable(self._sock)
+                finally:
+                    self._recv_scope = None
+            else:
+                self._send_scope = scope
+                try:
+                    await wait_writable(self._sock)
+                finally:
+                    self._send_scope = None
+        if self._closed:
+            raise ClosedResourceError
+
+    async def receive_into(self, buffer: memoryview) -> int:
+        sock = self._sock
+        while True:
+            if self._closed:
+                raise ClosedResourceError
+            try:
+                return sock.recv_into(buffer)
+            except BlockingIOError:
+                pass
+            except OSError as exc:
+                raise self._translate(exc) from exc
+            await self._wait(readable=True)
+
+    async def send_all(self, buffers: Sequence[Buffer]) -> None:
+        sock = self._sock
+        pending: list[Any] = list(buffers)
+        first = 0
+        count = len(pending)
+        sent_any = False
+        while first < count:
+            if self._closed:
+                raise ClosedResourceError
+            try:
+                if count - first == 1 or not _HAS_SENDMSG:
+                    sent = sock.send(pending[first])
+                else:
+                    sent = sock.sendmsg(pending[first : first + IOV_MAX])
+            except BlockingIOError:
+                try:
+                    await self._wait(readable=False)
+                except BaseException:
+                    if sent_any:
+                        self.send_interrupted = True
+                    raise
+                continue
+            except OSError as exc:
+                self.send_interrupted = True
+                raise self._translate(exc) from exc
+            sent_any = True
+            while sent:
+                size = len(pending[first]) if isinstance(pending[first], bytes) else (
+                    memoryview(pending[first]).nbytes
+                )
+                if sent >= size:
+                    sent -= size
+                    first += 1
+                else:
+                    pending[first] = memoryview(pending[first])[sent:]
+                    sent = 0
+
+    async def send_eof(self) -> None:
+        if self._closed:
+            raise ClosedResourceError
+        try:
+            self._sock.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            raise self._translate(exc) from exc
+        await anyio.lowlevel.checkpoint()
+
+    def abort(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        sock = self._sock
+        if sock.fileno() >= 0:
+            notify_closing(sock)
+        for scope in (self._recv_scope, self._send_scope):
+            if scope is not None:
+                scope.cancel()
+        sock.close()
+
+    async def aclose(self) -> None:
+        self.abort()
+        await anyio.lowlevel.cancel_shielded_checkpoint()

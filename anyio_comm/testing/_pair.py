@@ -1,0 +1,35 @@
+from __future__ import annotations
+
+from typing import Any
+
+import anyio
+
+from .._comm import Comm
+from .._connect import from_stream
+from .._transports.memory import memory_byte_stream_pair
+
+
+async def comm_pair(
+    *, max_chunks: int = 16, chunk_size: int = 65536, **options: Any
+) -> tuple[Comm, Comm]:
+    """Return two comms connected through a :func:`memory_byte_stream_pair`.
+
+    ``options`` are passed to :func:`anyio_comm.from_stream` for both ends.
+    Close both comms when done.
+
+    Raises:
+        ValueError: invalid option.
+    """
+    a, b = memory_byte_stream_pair(max_chunks=max_chunks, chunk_size=chunk_size)
+    comms: list[Comm] = []
+
+    async def open_one(stream: Any, local: str, peer: str) -> None:
+        comms.append(
+            await from_stream(stream, local_address=local, peer_address=peer, **options)
+        )
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(open_one, a, "memory://a", "memory://b")
+        tg.start_soon(open_one, b, "memory://b", "memory://a")
+    first, second = sorted(comms, key=lambda c: c.local_address)
+    return first, second
