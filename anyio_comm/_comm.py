@@ -22,9 +22,11 @@ from typing import Any, final
 
 from anyio import (
     BrokenResourceError,
+    CancelScope,
     ClosedResourceError,
     EndOfStream,
     ResourceGuard,
+    aclose_forcefully,
 )
 from anyio.abc import ObjectStream
 from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint_if_cancelled
@@ -158,7 +160,7 @@ class Comm(ObjectStream[Any]):
         try:
             return self._serializer.loads(frames)
         except RemoteProtocolError:
-            self._break()
+            await self._fail()
             raise
 
     async def receive_frames(self) -> list[memoryview]:
@@ -191,17 +193,17 @@ class Comm(ObjectStream[Any]):
                         decoder.receive_eof()
             except EndOfData as exc:
                 if exc.truncated:
-                    self._break()
+                    await self._fail()
                     raise BrokenResourceError(str(exc)) from None
                 raise EndOfStream from None
             except RemoteProtocolError:
-                self._break()
+                await self._fail()
                 raise
             except ClosedResourceError:
                 self._check_state()
                 raise
             except BrokenResourceError:
-                self._break()
+                await self._fail()
                 raise
             if not transport.yielded:
                 await cancel_shielded_checkpoint()
@@ -269,7 +271,7 @@ class Comm(ObjectStream[Any]):
                 raise
             except BaseException:
                 if transport.send_interrupted:
-                    self._break()
+                    await self._fail()
                 raise
             if not transport.yielded:
                 await cancel_shielded_checkpoint()
@@ -293,7 +295,7 @@ class Comm(ObjectStream[Any]):
             try:
                 await self._transport.send_eof()
             except BrokenResourceError:
-                self._break()
+                await self._fail()
                 raise
 
     # -- closing -----------------------------------------------------------
@@ -308,10 +310,13 @@ class Comm(ObjectStream[Any]):
         self._state = _State.CLOSED
         await self._transport.aclose()
 
-    def _break(self) -> None:
+    async def _fail(self) -> None:
+        """Mark the comm broken and close the transport, even under cancellation."""
         if self._state is _State.OPEN:
             self._state = _State.BROKEN
             self._transport.abort()
+            with CancelScope(shield=True):
+                await aclose_forcefully(self._transport)
 
     def _check_state(self) -> None:
         if self._state is _State.CLOSED:

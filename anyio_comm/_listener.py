@@ -161,12 +161,11 @@ class _Server:
         handler: Handler,
         options: CommOptions,
         handshake_timeout: float,
-        task_group: TaskGroup,
     ) -> None:
         self.handler = handler
         self.options = options
         self.handshake_timeout = handshake_timeout
-        self.task_group = task_group
+        self.task_group: TaskGroup | None = None
         self.listener = Listener([])
 
     async def accept_loop(self, sock: socket.socket) -> None:
@@ -191,6 +190,13 @@ class _Server:
                 continue
             await wait_readable(sock)
 
+    def _spawn(self, transport: Transport, local: str, peer: str) -> None:
+        if self.task_group is None:
+            raise RuntimeError("the listener is not running")
+        self.task_group.start_soon(
+            self.run_connection, transport, local, peer, name=f"anyio_comm {peer}"
+        )
+
     def start_socket_connection(self, conn: socket.socket) -> None:
         try:
             configure_socket(conn)
@@ -200,15 +206,10 @@ class _Server:
             logger.debug("dropping connection: %s", exc)
             conn.close()
             return
-        self.task_group.start_soon(
-            self.run_connection, SocketTransport(conn), local, peer, name=f"anyio_comm {peer}"
-        )
+        self._spawn(SocketTransport(conn), local, peer)
 
     def start_inproc_connection(self, stream: MemoryByteStream, peer: str) -> None:
-        local = self.listener.address
-        self.task_group.start_soon(
-            self.run_connection, StreamTransport(stream), local, peer, name=f"anyio_comm {peer}"
-        )
+        self._spawn(StreamTransport(stream), self.listener.address, peer)
 
     async def run_connection(self, transport: Transport, local: str, peer: str) -> None:
         try:
@@ -299,29 +300,39 @@ async def listen(
     unix_path: str | None = None
     inode = -1
     inproc_name: str | None = None
+    body_error: Exception | None = None
     try:
+        # Bind before the task group exists, so errors are raised as they are.
+        if parsed.scheme == "tcp":
+            sockets = await _bind_tcp(parsed.host, parsed.port, backlog)
+            addresses = [format_tcp(*s.getsockname()[:2]) for s in sockets]
+        elif parsed.scheme == "unix":
+            sockets = [_bind_unix(parsed.path, backlog)]
+            unix_path = parsed.path
+            inode = os.stat(unix_path).st_ino
+            addresses = [f"unix://{parsed.path}"]
+        server = _Server(handler, options, handshake_timeout)
+        if parsed.scheme == "inproc":
+            inproc_name = register(parsed.path, server.start_inproc_connection)
+            addresses = [f"inproc://{inproc_name}"]
+        server.listener = Listener(addresses)
         async with anyio.create_task_group() as task_group:
-            server = _Server(handler, options, handshake_timeout, task_group)
-            if parsed.scheme == "tcp":
-                sockets = await _bind_tcp(parsed.host, parsed.port, backlog)
-                addresses = [format_tcp(*s.getsockname()[:2]) for s in sockets]
-            elif parsed.scheme == "unix":
-                sockets = [_bind_unix(parsed.path, backlog)]
-                unix_path = parsed.path
-                inode = os.stat(unix_path).st_ino
-                addresses = [f"unix://{parsed.path}"]
-            else:
-                inproc_name = register(parsed.path, server.start_inproc_connection)
-                addresses = [f"inproc://{inproc_name}"]
-            server.listener = Listener(addresses)
+            server.task_group = task_group
             for sock in sockets:
                 task_group.start_soon(server.accept_loop, sock, name=f"accept {addresses[0]}")
-            yield server.listener
+            try:
+                yield server.listener
+            except Exception as exc:
+                # Re-raised below, unwrapped: the task group would put it in
+                # an ExceptionGroup. (Cancellation passes through untouched.)
+                body_error = exc
             task_group.cancel_scope.cancel()
     finally:
         if inproc_name is not None:
             unregister(inproc_name)
         _close_listening(sockets, unix_path, inode)
+    if body_error is not None:
+        raise body_error
 
 
 async def serve(

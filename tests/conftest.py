@@ -1,0 +1,47 @@
+"""Every async test runs on asyncio, asyncio+uvloop and trio (``-k trio`` selects one)."""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import sys
+
+import hypothesis  # noqa: F401  (imported early: a lazy import at session end trips CPython 3.11.7)
+import pytest
+
+_HAVE_UVLOOP = importlib.util.find_spec("uvloop") is not None
+_HAVE_TRIO = importlib.util.find_spec("trio") is not None
+
+
+def _has_ipv6() -> bool:
+    if not socket.has_ipv6:
+        return False
+    try:
+        with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as sock:
+            sock.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+HAVE_IPV6 = _has_ipv6()
+HAVE_UNIX = hasattr(socket, "AF_UNIX") and sys.platform != "win32"
+
+
+@pytest.fixture(
+    params=[
+        pytest.param(("asyncio", {}), id="asyncio"),
+        pytest.param(
+            ("asyncio", {"use_uvloop": True}),
+            id="asyncio+uvloop",
+            marks=pytest.mark.skipif(not _HAVE_UVLOOP, reason="uvloop is not installed"),
+        ),
+        pytest.param(
+            ("trio", {}),
+            id="trio",
+            marks=pytest.mark.skipif(not _HAVE_TRIO, reason="trio is not installed"),
+        ),
+    ]
+)
+def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, object]]:
+    return request.param  # type: ignore[no-any-return]

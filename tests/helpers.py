@@ -1,0 +1,107 @@
+"""Shared helpers: connected comm pairs over every transport, leak counters."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio
+import pytest
+
+import anyio_comm
+from anyio_comm import Comm
+from anyio_comm.testing import comm_pair
+
+from .conftest import HAVE_IPV6, HAVE_UNIX
+
+#: every way to get a connected pair of comms
+TRANSPORTS = [
+    "tcp",
+    pytest.param("tcp6", marks=pytest.mark.skipif(not HAVE_IPV6, reason="no IPv6 loopback")),
+    pytest.param("unix", marks=pytest.mark.skipif(not HAVE_UNIX, reason="no Unix sockets")),
+    "inproc",
+    "memory",
+    "anyio-tcp-stream",
+]
+#: the subset that goes through connect()/listen() with an address
+ADDRESS_TRANSPORTS = TRANSPORTS[:4]
+
+
+@asynccontextmanager
+async def temp_unix_address() -> AsyncIterator[str]:
+    directory = tempfile.mkdtemp(prefix="acomm-")  # short: AF_UNIX paths are < 108 bytes
+    try:
+        yield f"unix://{directory}/s.sock"
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+@asynccontextmanager
+async def listen_address(kind: str) -> AsyncIterator[str]:
+    if kind == "unix":
+        async with temp_unix_address() as address:
+            yield address
+        return
+    yield {"tcp": "tcp://127.0.0.1:0", "tcp6": "tcp://[::1]:0", "inproc": "inproc://"}[kind]
+
+
+@asynccontextmanager
+async def connected_pair(kind: str, **options: Any) -> AsyncIterator[tuple[Comm, Comm]]:
+    """Yield ``(client, server)`` comms connected over ``kind``; closes both."""
+    if kind == "memory":
+        client, server = await comm_pair(**options)
+        async with client, server:
+            yield client, server
+        return
+    if kind == "anyio-tcp-stream":
+        multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        async with multi:
+            (tcp_listener,) = multi.listeners
+            port = tcp_listener.extra(anyio.abc.SocketAttribute.local_port)
+            comms: list[Comm] = []
+
+            async def accept() -> None:
+                stream = await tcp_listener.accept()
+                comms.append(await anyio_comm.from_stream(stream, **options))
+
+            async def dial() -> None:
+                stream = await anyio.connect_tcp("127.0.0.1", port)
+                comms.insert(0, await anyio_comm.from_stream(stream, **options))
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(accept)
+                await dial()
+        client, server = comms
+        async with client, server:
+            yield client, server
+        return
+
+    send, receive = anyio.create_memory_object_stream[Comm](1)
+    done = anyio.Event()
+
+    async def handler(comm: Comm) -> None:
+        await send.send(comm)
+        await done.wait()
+
+    async with send, receive, listen_address(kind) as address:
+        async with anyio_comm.listen(address, handler, **options) as listener:
+            client = await anyio_comm.connect(listener.address, timeout=10, **options)
+            with anyio.fail_after(10):
+                server = await receive.receive()
+            try:
+                async with client:
+                    yield client, server
+            finally:
+                done.set()
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def running_tasks() -> int:
+    return len(anyio.get_running_tasks())

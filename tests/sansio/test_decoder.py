@@ -1,0 +1,271 @@
+"""FrameDecoder without an event loop: splits, limits, EOF, direct reads."""
+
+from __future__ import annotations
+
+import pytest
+
+from anyio_comm import Limits, RemoteProtocolError
+from anyio_comm._sansio.decoder import EndOfData, FrameDecoder
+from anyio_comm._sansio.wire import MAGIC, encode_header, encode_preamble
+
+PREAMBLE = encode_preamble(Limits())
+
+
+def encode(*messages: list[bytes]) -> bytes:
+    return b"".join(encode_header([len(f) for f in m]) + b"".join(m) for m in messages)
+
+
+MESSAGES = [[b"hello", b"", b"world!"], [], [b"x" * 300], [b""], [bytes(range(256)) * 9]]
+STREAM = PREAMBLE + encode(*MESSAGES)
+
+
+class Collector:
+    """Feeds a decoder and collects what it produces (h11-style harness)."""
+
+    def __init__(self, **kwargs: object) -> None:
+        self.decoder = FrameDecoder(**kwargs)  # type: ignore[arg-type]
+        self.handshake = None
+        self.messages: list[list[bytes]] = []
+
+    def drain(self) -> None:
+        if self.handshake is None:
+            self.handshake = self.decoder.next_handshake()
+            if self.handshake is None:
+                return
+        while (frames := self.decoder.next_message()) is not None:
+            self.messages.append([bytes(f) for f in frames])
+
+    def feed(self, data: bytes) -> None:
+        """Write ``data`` through get_buffer/buffer_updated, draining as a comm does."""
+        view = memoryview(data)
+        while view:
+            buf = self.decoder.get_buffer()
+            n = min(len(buf), len(view))
+            buf[:n] = view[:n]
+            self.decoder.buffer_updated(n)
+            view = view[n:]
+            self.drain()
+
+
+def test_one_byte_at_a_time() -> None:
+    c = Collector()
+    for i in range(len(STREAM)):
+        c.feed(STREAM[i : i + 1])
+    assert c.handshake is not None
+    assert c.handshake.limits == Limits()
+    assert c.messages == MESSAGES
+
+
+@pytest.mark.parametrize("split", range(len(STREAM) + 1))
+def test_every_split_offset(split: int) -> None:
+    c = Collector()
+    c.feed(STREAM[:split])
+    c.feed(STREAM[split:])
+    assert c.messages == MESSAGES
+
+
+def test_trailing_partial_message_is_kept() -> None:
+    c = Collector()
+    full = encode([b"abc"])
+    c.feed(PREAMBLE + full + full[:5])
+    assert c.messages == [[b"abc"]]
+    assert not c.decoder.at_message_boundary
+    c.feed(full[5:])
+    assert c.messages == [[b"abc"], [b"abc"]]
+    assert c.decoder.at_message_boundary
+
+
+def test_next_message_returns_at_most_one_message() -> None:
+    d = FrameDecoder()
+    d.feed(PREAMBLE + encode([b"a"], [b"b"]))
+    assert d.next_handshake() is not None
+    assert [bytes(f) for f in d.next_message() or []] == [b"a"]
+    assert [bytes(f) for f in d.next_message() or []] == [b"b"]
+    assert d.next_message() is None
+
+
+def test_large_frame_is_received_directly_into_its_buffer() -> None:
+    d = FrameDecoder(read_buffer_size=4096)
+    payload = bytes(range(256)) * 400  # 100 KiB
+    d.feed(PREAMBLE + encode_header([len(payload)]) + payload[:100])
+    assert d.next_handshake() is not None
+    assert d.next_message() is None
+    target = d.get_buffer()
+    # the view handed out is the frame's own buffer, not the read-ahead buffer
+    assert target.nbytes == len(payload) - 100
+    target[:] = payload[100:]
+    d.buffer_updated(target.nbytes)
+    (frame,) = d.next_message() or []
+    assert bytes(frame) == payload
+    assert frame.obj is target.obj  # same allocation: the kernel wrote the final place
+
+
+def test_frames_have_their_own_exact_buffers() -> None:
+    d = FrameDecoder()
+    d.feed(PREAMBLE + encode([b"ab", b"cde"]))
+    d.next_handshake()
+    a, b = d.next_message() or []
+    assert a.obj is not b.obj
+    assert len(a.obj) == 2 and len(b.obj) == 3  # type: ignore[arg-type]
+    assert not a.readonly
+
+
+def test_custom_allocator_is_used_for_every_frame() -> None:
+    sizes: list[int] = []
+
+    def allocator(n: int) -> bytearray:
+        sizes.append(n)
+        return bytearray(n)
+
+    c = Collector(allocator=allocator)
+    c.feed(STREAM)
+    assert c.messages == MESSAGES
+    assert sizes == [len(f) for m in MESSAGES for f in m]
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [lambda n: b"x" * n, lambda n: bytearray(n + 1), lambda n: memoryview(bytearray(2 * n))[::2]],
+)
+def test_bad_allocator_is_rejected(bad: object) -> None:
+    c = Collector(allocator=bad)
+    with pytest.raises(TypeError, match="allocator"):
+        c.feed(PREAMBLE + encode([b"abc"]))
+
+
+@pytest.mark.parametrize(
+    ("limits", "message", "match"),
+    [
+        (Limits(max_frames=2), [b"", b"", b""], "3 frames"),
+        (Limits(max_frame_size=10), [b"x" * 11], "frame of 11 bytes"),
+        (Limits(max_message_size=10), [b"x" * 6, b"y" * 6], "message of 12 bytes"),
+    ],
+)
+def test_limits_are_enforced_on_the_header(limits: Limits, message: list[bytes], match: str) -> None:
+    allocated: list[int] = []
+
+    def allocator(n: int) -> bytearray:
+        allocated.append(n)
+        return bytearray(n)
+
+    d = FrameDecoder(limits, allocator=allocator)
+    d.feed(PREAMBLE)
+    d.next_handshake()
+    header = encode_header([len(f) for f in message])
+    d.feed(header)  # the header alone must be enough to reject
+    with pytest.raises(RemoteProtocolError, match=match):
+        d.next_message()
+    assert allocated == []
+
+
+def test_huge_lengths_rejected_before_allocation() -> None:
+    d = FrameDecoder()
+    d.feed(PREAMBLE + (1).to_bytes(4, "big") + (2**64 - 1).to_bytes(8, "big"))
+    d.next_handshake()
+    with pytest.raises(RemoteProtocolError, match="exceeds the limit"):
+        d.next_message()
+
+
+def test_huge_frame_count_rejected_before_reading_lengths() -> None:
+    d = FrameDecoder()
+    d.feed(PREAMBLE + (2**32 - 1).to_bytes(4, "big"))
+    d.next_handshake()
+    with pytest.raises(RemoteProtocolError, match="frames; the limit is"):
+        d.next_message()
+
+
+def test_length_table_larger_than_read_buffer() -> None:
+    n = 2000  # 16 KB of lengths > 4 KiB read-ahead
+    message = [bytes([i % 256]) for i in range(n)]
+    c = Collector(read_buffer_size=4096)
+    c.feed(PREAMBLE + encode(message))
+    assert c.messages == [message]
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", b"\x89ACOMX", b"\x00" * 40, b"\x16\x03\x01\x02\x00"],
+)
+def test_wrong_magic_fails_on_first_bad_byte(garbage: bytes) -> None:
+    d = FrameDecoder()
+    d.feed(garbage)
+    with pytest.raises(RemoteProtocolError, match="does not speak"):
+        d.next_handshake()
+
+
+def test_magic_prefix_waits_for_more() -> None:
+    d = FrameDecoder()
+    d.feed(MAGIC[:5])
+    assert d.next_handshake() is None
+
+
+def test_version_zero_rejected_and_newer_version_downgraded() -> None:
+    d = FrameDecoder()
+    d.feed(MAGIC + b"\x00\x00" + PREAMBLE[10:])
+    with pytest.raises(RemoteProtocolError, match="version 0"):
+        d.next_handshake()
+    d = FrameDecoder()
+    body = PREAMBLE[12:] + b"future fields"
+    d.feed(MAGIC + b"\x00\x07" + len(body).to_bytes(2, "big") + body)
+    handshake = d.next_handshake()
+    assert handshake is not None and handshake.version == 1
+    assert handshake.limits == Limits()
+
+
+@pytest.mark.parametrize("length", [0, 19, 1025, 65535])
+def test_bad_preamble_body_length(length: int) -> None:
+    d = FrameDecoder()
+    d.feed(MAGIC + b"\x00\x01" + length.to_bytes(2, "big"))
+    with pytest.raises(RemoteProtocolError, match="preamble body length"):
+        d.next_handshake()
+
+
+def test_clean_eof_between_messages() -> None:
+    d = FrameDecoder()
+    d.feed(PREAMBLE + encode([b"a"]))
+    d.next_handshake()
+    d.receive_eof()
+    assert d.next_message() is not None
+    with pytest.raises(EndOfData) as info:
+        d.next_message()
+    assert not info.value.truncated
+    with pytest.raises(EndOfData):  # and again
+        d.next_message()
+
+
+@pytest.mark.parametrize("cut", [1, 3, 4, 11, 12, 14])
+def test_eof_inside_a_message_is_truncation(cut: int) -> None:
+    d = FrameDecoder()
+    d.feed(PREAMBLE + encode([b"abc", b"de"])[:cut])
+    d.next_handshake()
+    d.receive_eof()
+    with pytest.raises(EndOfData) as info:
+        d.next_message()
+    assert info.value.truncated
+
+
+def test_eof_inside_preamble_is_truncation() -> None:
+    d = FrameDecoder()
+    d.feed(PREAMBLE[:10])
+    d.receive_eof()
+    with pytest.raises(EndOfData) as info:
+        d.next_handshake()
+    assert info.value.truncated
+
+
+def test_api_misuse() -> None:
+    d = FrameDecoder()
+    with pytest.raises(RuntimeError, match="next_handshake"):
+        d.next_message()
+    d.feed(PREAMBLE)
+    d.next_handshake()
+    with pytest.raises(RuntimeError, match="already"):
+        d.next_handshake()
+    with pytest.raises(ValueError, match="at least 4096"):
+        FrameDecoder(read_buffer_size=100)
+
+
+def test_feed_refuses_to_overflow() -> None:
+    d = FrameDecoder(read_buffer_size=4096)
+    with pytest.raises(BufferError):
+        d.feed(PREAMBLE + encode(*[[b"x" * 100]] * 100))

@@ -1,0 +1,452 @@
+"""The golden vectors and constants of ``docs/wire-format.md`` match the code.
+
+Every ```` ```hex golden:NAME ```` block of the specification is checked in
+both directions: the encoders produce exactly those bytes, and the decoder
+parses them back into what the specification says they contain.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import struct
+from pathlib import Path
+
+import pytest
+
+from anyio_comm import RemoteProtocolError
+from anyio_comm._sansio.decoder import EndOfData, FrameDecoder
+from anyio_comm._sansio.serialization import (
+    DEFAULT_OOB_THRESHOLD,
+    EXT_OOB,
+    EXT_PICKLE,
+    Serializer,
+)
+from anyio_comm._sansio.wire import (
+    MAGIC,
+    MAX_PREAMBLE_BODY,
+    PREAMBLE_BODY_V1_SIZE,
+    PREAMBLE_FIXED_SIZE,
+    PROTOCOL_VERSION,
+    Handshake,
+    Limits,
+    encode_header,
+    encode_preamble,
+)
+
+DOC = Path(__file__).parents[2] / "docs" / "wire-format.md"
+
+EXPECTED_VECTORS = {
+    "preamble-default",
+    "preamble-custom-limits",
+    "preamble-v2-forward-compat",
+    "frames-hello-empty",
+    "frames-zero",
+    "message-small-map",
+    "message-types",
+    "message-oob",
+    "message-two-oob",
+}
+
+_GOLDEN_BLOCK = re.compile(
+    r"^```hex golden:(?P<name>[A-Za-z0-9._-]+)[ \t]*\n(?P<body>.*?)^```[ \t]*$",
+    re.MULTILINE | re.DOTALL,
+)
+_HEX_BYTE = re.compile(r"[0-9A-Fa-f]{2}")
+
+CUSTOM_LIMITS = Limits(max_frames=8, max_frame_size=65536, max_message_size=1_000_000)
+V2_EXTRA = bytes(range(1, 9))
+TYPES_MESSAGE = {"op": "put", "key": b"k1", "args": [1, -1, 300, 1.5, None, True, "é"]}
+OOB_DATA = bytes(5000)
+TWO_OOB_1 = b"\x01" * 4096
+TWO_OOB_2 = b"\xff" * 5000
+
+
+# -- parsing the document ---------------------------------------------------
+
+
+def parse_golden(text: str) -> dict[str, bytes]:
+    """Return every ``hex golden:NAME`` block of ``text`` as ``{NAME: bytes}``."""
+    vectors: dict[str, bytes] = {}
+    for match in _GOLDEN_BLOCK.finditer(text):
+        name = match["name"]
+        assert name not in vectors, f"golden vector {name!r} appears twice"
+        tokens = match["body"].split()
+        bad = [token for token in tokens if not _HEX_BYTE.fullmatch(token)]
+        assert not bad, f"golden vector {name!r}: not hex byte pairs: {bad}"
+        assert tokens, f"golden vector {name!r} is empty"
+        vectors[name] = bytes.fromhex("".join(tokens))
+    return vectors
+
+
+def parse_table(text: str, anchor: str) -> list[list[str]]:
+    """Return the body rows of the Markdown table following ``<!-- anchor -->``."""
+    lines = text.split(f"<!-- {anchor} -->\n", 1)[1].splitlines()
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    _header, separator, *body = rows
+    assert set(separator) <= {"---"}, f"table {anchor!r} is malformed"
+    assert body, f"table {anchor!r} has no rows"
+    return body
+
+
+@pytest.fixture(scope="module")
+def doc() -> str:
+    return DOC.read_text(encoding="utf-8")
+
+
+@pytest.fixture(scope="module")
+def vectors(doc: str) -> dict[str, bytes]:
+    return parse_golden(doc)
+
+
+def test_golden_block_pattern_is_strict():
+    text = "intro\n```hex golden:x\n01 ab\nCD\n```\n\n```hex golden:y\n0g\n```\n"
+    with pytest.raises(AssertionError, match="not hex byte pairs"):
+        parse_golden(text)
+    assert parse_golden(text.split("\n\n")[0] + "\n") == {"x": b"\x01\xab\xcd"}
+
+
+def test_all_vectors_present(vectors: dict[str, bytes]):
+    assert set(vectors) == EXPECTED_VECTORS
+
+
+def test_every_vector_has_a_description(doc: str):
+    lines = doc.splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith("```hex golden:"):
+            previous = [text for text in lines[:index] if text.strip()][-1]
+            assert not previous.startswith(("```", "#", "|")), line
+            assert previous.rstrip().endswith(":"), line
+
+
+# -- decoding helpers -------------------------------------------------------
+
+
+def decode_handshake(data: bytes) -> tuple[FrameDecoder, Handshake]:
+    """Decode a preamble that must be exactly ``data``, fed one byte at a time."""
+    decoder = FrameDecoder()
+    for i in range(len(data) - 1):
+        decoder.feed(data[i : i + 1])
+        assert decoder.next_handshake() is None, f"preamble complete after {i + 1} bytes"
+    decoder.feed(data[-1:])
+    handshake = decoder.next_handshake()
+    assert handshake is not None
+    # Nothing of the preamble is left over: a zero-frame message decodes next.
+    decoder.feed(b"\x00\x00\x00\x00")
+    assert decoder.next_message() == []
+    assert decoder.at_message_boundary
+    return decoder, handshake
+
+
+def decode_frames(data: bytes) -> list[bytes]:
+    """Decode one message that must be exactly ``data``."""
+    decoder = FrameDecoder()
+    decoder.feed(encode_preamble(Limits()))
+    assert decoder.next_handshake() is not None
+    if data[:-1]:
+        decoder.feed(data[:-1])
+        assert decoder.next_message() is None, "message complete before its last byte"
+    decoder.feed(data[-1:])
+    frames = decoder.next_message()
+    assert frames is not None
+    assert decoder.at_message_boundary, "bytes left over after the message"
+    decoder.receive_eof()
+    with pytest.raises(EndOfData) as exc_info:
+        decoder.next_message()
+    assert not exc_info.value.truncated
+    return [bytes(frame) for frame in frames]
+
+
+def encode_message(message: object) -> tuple[bytes, list[bytes]]:
+    """Return the header + body of ``message`` and its out-of-band frames."""
+    frames = Serializer().dumps(message)
+    header = encode_header([frame.nbytes for frame in frames])
+    return header + bytes(frames[0]), [bytes(frame) for frame in frames[1:]]
+
+
+def decode_message(data: bytes) -> object:
+    frames = decode_frames(data)
+    return Serializer().loads([memoryview(frame) for frame in frames])
+
+
+# -- preambles ---------------------------------------------------------------
+
+
+def test_preamble_default(vectors: dict[str, bytes]):
+    vector = vectors["preamble-default"]
+    assert encode_preamble(Limits()) == vector
+    _, handshake = decode_handshake(vector)
+    assert handshake == Handshake(version=1, limits=Limits())
+    assert handshake.limits == Limits(16_384, 2**30, 2**31)
+
+
+def test_preamble_custom_limits(vectors: dict[str, bytes]):
+    vector = vectors["preamble-custom-limits"]
+    assert encode_preamble(CUSTOM_LIMITS) == vector
+    _, handshake = decode_handshake(vector)
+    assert handshake == Handshake(version=1, limits=CUSTOM_LIMITS)
+
+
+def test_preamble_v2_forward_compat(vectors: dict[str, bytes]):
+    vector = vectors["preamble-v2-forward-compat"]
+    v2 = encode_preamble(Limits(), version=2)
+    body_length = PREAMBLE_BODY_V1_SIZE + len(V2_EXTRA)
+    assert vector == (
+        v2[:10] + struct.pack("!H", body_length) + v2[PREAMBLE_FIXED_SIZE:] + V2_EXTRA
+    )
+    _, handshake = decode_handshake(vector)
+    assert handshake == Handshake(version=1, limits=Limits())
+
+
+# -- frames layer ------------------------------------------------------------
+
+
+def test_frames_hello_empty(vectors: dict[str, bytes]):
+    vector = vectors["frames-hello-empty"]
+    frames = [b"hello", b""]
+    assert encode_header([len(frame) for frame in frames]) + b"".join(frames) == vector
+    assert decode_frames(vector) == frames
+
+
+def test_frames_zero(vectors: dict[str, bytes]):
+    vector = vectors["frames-zero"]
+    assert encode_header([]) == vector
+    assert decode_frames(vector) == []
+
+
+# -- message layer -----------------------------------------------------------
+
+
+def test_message_small_map(vectors: dict[str, bytes]):
+    vector = vectors["message-small-map"]
+    assert encode_message({"a": 1}) == (vector, [])
+    assert decode_message(vector) == {"a": 1}
+
+
+def test_message_types(vectors: dict[str, bytes]):
+    vector = vectors["message-types"]
+    assert encode_message(TYPES_MESSAGE) == (vector, [])
+    decoded = decode_message(vector)
+    assert decoded == TYPES_MESSAGE
+    assert type(decoded["key"]) is bytes
+
+
+def test_message_oob(vectors: dict[str, bytes]):
+    vector = vectors["message-oob"]
+    assert encode_message({"data": OOB_DATA}) == (vector, [OOB_DATA])
+    assert decode_frames(vector + OOB_DATA) == [vector[20:], OOB_DATA]
+    decoded = decode_message(vector + OOB_DATA)
+    assert isinstance(decoded, dict)
+    assert list(decoded) == ["data"]
+    assert isinstance(decoded["data"], memoryview)
+    assert bytes(decoded["data"]) == OOB_DATA
+
+
+def test_message_two_oob(vectors: dict[str, bytes]):
+    vector = vectors["message-two-oob"]
+    message = ["x", TWO_OOB_1, {"b": TWO_OOB_2}]
+    assert len(TWO_OOB_1) == DEFAULT_OOB_THRESHOLD
+    assert encode_message(message) == (vector, [TWO_OOB_1, TWO_OOB_2])
+    decoded = decode_message(vector + TWO_OOB_1 + TWO_OOB_2)
+    assert isinstance(decoded, list)
+    assert len(decoded) == 3
+    assert decoded[0] == "x"
+    assert bytes(decoded[1]) == TWO_OOB_1
+    assert list(decoded[2]) == ["b"]
+    assert bytes(decoded[2]["b"]) == TWO_OOB_2
+
+
+# -- constants and layout tables ---------------------------------------------
+
+
+def test_constants_table(doc: str):
+    table = {row[0].strip("`"): row[1].strip("`") for row in parse_table(doc, "constants")}
+    defaults = Limits()
+    expected = {
+        "MAGIC": MAGIC.hex(" ").upper(),
+        "PROTOCOL_VERSION": str(PROTOCOL_VERSION),
+        "PREAMBLE_FIXED_SIZE": str(PREAMBLE_FIXED_SIZE),
+        "PREAMBLE_BODY_MIN": str(PREAMBLE_BODY_V1_SIZE),
+        "PREAMBLE_BODY_MAX": str(MAX_PREAMBLE_BODY),
+        "EXT_OOB": str(EXT_OOB),
+        "EXT_PICKLE": str(EXT_PICKLE),
+        "OOB_THRESHOLD": str(DEFAULT_OOB_THRESHOLD),
+        "DEFAULT_MAX_FRAMES": str(defaults.max_frames),
+        "DEFAULT_MAX_FRAME_SIZE": str(defaults.max_frame_size),
+        "DEFAULT_MAX_MESSAGE_SIZE": str(defaults.max_message_size),
+    }
+    assert table == expected
+
+
+def test_constants_in_prose(doc: str):
+    magic = MAGIC.hex(" ").upper()
+    assert magic == "89 41 43 4F 4D 4D 0D 0A"
+    assert f"`magic` | `{magic}`." in doc
+    assert f"The magic is the 8 bytes `{magic}`" in doc
+    assert f"this document specifies version {PROTOCOL_VERSION}." in doc
+    assert (
+        f"`body_length` between {PREAMBLE_BODY_V1_SIZE} and {MAX_PREAMBLE_BODY} inclusive" in doc
+    )
+    assert f"`EXT_OOB` = {EXT_OOB}" in doc
+    assert f"`EXT_PICKLE` = {EXT_PICKLE}" in doc
+    assert f"of at least {DEFAULT_OOB_THRESHOLD} bytes" in doc
+
+
+_TYPE_SIZES = {"u16": 2, "u32": 4, "u64": 8}
+
+
+def check_layout(rows: list[list[str]]) -> list[tuple[int, int, str, str]]:
+    """Check a fixed-size layout table is contiguous; return (offset, size, type, field)."""
+    fields = []
+    offset = 0
+    for row in rows:
+        row_offset, size, type_, field = int(row[0]), int(row[1]), row[2], row[3].strip("`")
+        assert row_offset == offset, f"{field} at offset {row_offset}, expected {offset}"
+        if type_ in _TYPE_SIZES:
+            assert size == _TYPE_SIZES[type_], f"{field}: {type_} is not {size} bytes"
+        fields.append((row_offset, size, type_, field))
+        offset += size
+    return fields
+
+
+def test_preamble_layout_table(doc: str):
+    *fixed, body = parse_table(doc, "layout:preamble")
+    fields = check_layout(fixed)
+    assert [field[3] for field in fields] == ["magic", "version", "body_length"]
+    assert int(body[0]) == PREAMBLE_FIXED_SIZE
+    assert body[3] == "`body`"
+    preamble = encode_preamble(CUSTOM_LIMITS, version=7)
+    assert preamble[: fields[0][1]] == MAGIC
+    assert int.from_bytes(preamble[8:10], "big") == 7
+    assert int.from_bytes(preamble[10:12], "big") == PREAMBLE_BODY_V1_SIZE
+
+
+def test_preamble_body_layout_table(doc: str):
+    fields = check_layout(parse_table(doc, "layout:preamble-body-v1"))
+    names = [field[3] for field in fields]
+    assert names == [field.name for field in dataclasses.fields(Limits)]
+    assert sum(field[1] for field in fields) == PREAMBLE_BODY_V1_SIZE
+    limits = Limits(max_frames=0x01020304, max_frame_size=2**40 + 5, max_message_size=2**63 + 9)
+    body = encode_preamble(limits)[PREAMBLE_FIXED_SIZE:]
+    for offset, size, _, name in fields:
+        assert int.from_bytes(body[offset : offset + size], "big") == getattr(limits, name)
+
+
+def test_message_layout_table(doc: str):
+    rows = parse_table(doc, "layout:message")
+    assert [row[:4] for row in rows] == [
+        ["0", "4", "u32", "`count`"],
+        ["4", "8 x N", "u64[N]", "`lengths`"],
+        ["4 + 8N", "sum of lengths", "bytes", "`frames`"],
+    ]
+    lengths = [3, 0, 2**40]
+    header = encode_header(lengths)
+    assert len(header) == 4 + 8 * len(lengths)
+    assert struct.unpack("!I3Q", header) == (3, *lengths)
+
+
+# -- statements of the specification -----------------------------------------
+
+
+@pytest.mark.parametrize("position", range(len(MAGIC)))
+def test_bad_magic_fails_on_first_wrong_byte(vectors: dict[str, bytes], position: int):
+    data = bytearray(vectors["preamble-default"][: position + 1])
+    data[position] ^= 0x80
+    decoder = FrameDecoder()
+    decoder.feed(data)
+    with pytest.raises(RemoteProtocolError, match="bad magic"):
+        decoder.next_handshake()
+
+
+@pytest.mark.parametrize(
+    ("version", "body_length", "accepted"),
+    [
+        (0, PREAMBLE_BODY_V1_SIZE, False),
+        (1, PREAMBLE_BODY_V1_SIZE - 1, False),
+        (1, MAX_PREAMBLE_BODY + 1, False),
+        (1, 0xFFFF, False),
+        (1, MAX_PREAMBLE_BODY, True),
+        (0xFFFF, PREAMBLE_BODY_V1_SIZE, True),
+    ],
+)
+def test_preamble_head_checked_before_body(version: int, body_length: int, accepted: bool):
+    head = MAGIC + struct.pack("!HH", version, body_length)
+    decoder = FrameDecoder()
+    decoder.feed(head)
+    if not accepted:
+        with pytest.raises(RemoteProtocolError):
+            decoder.next_handshake()
+        return
+    assert decoder.next_handshake() is None
+    body = encode_preamble(CUSTOM_LIMITS)[PREAMBLE_FIXED_SIZE:]
+    decoder.feed(body.ljust(body_length, b"\xee"))
+    assert decoder.next_handshake() == Handshake(version=1, limits=CUSTOM_LIMITS)
+
+
+def test_limits_are_inclusive_and_checked_on_the_header(vectors: dict[str, bytes]):
+    def receiver(limits: Limits) -> FrameDecoder:
+        decoder = FrameDecoder(limits)
+        decoder.feed(vectors["preamble-default"])
+        assert decoder.next_handshake() is not None
+        return decoder
+
+    hello = vectors["frames-hello-empty"]
+    exact = Limits(max_frames=2, max_frame_size=5, max_message_size=5)
+    decoder = receiver(exact)
+    decoder.feed(hello)
+    assert decoder.next_message() == [b"hello", b""]
+
+    # The frame count alone is enough to reject a message.
+    decoder = receiver(dataclasses.replace(exact, max_frames=1))
+    decoder.feed(hello[:4])
+    with pytest.raises(RemoteProtocolError, match="frames"):
+        decoder.next_message()
+    # The length table is enough to reject oversized frames and messages.
+    for limits in (
+        dataclasses.replace(exact, max_frame_size=4),
+        dataclasses.replace(exact, max_message_size=4),
+    ):
+        decoder = receiver(limits)
+        decoder.feed(hello[:20])
+        with pytest.raises(RemoteProtocolError, match="exceeds the limit"):
+            decoder.next_message()
+
+
+@pytest.mark.parametrize("name", ["frames-hello-empty", "frames-zero", "message-oob"])
+def test_end_of_stream_inside_a_message_is_truncation(vectors: dict[str, bytes], name: str):
+    vector = vectors[name]
+    for cut in range(1, len(vector)):
+        decoder = FrameDecoder()
+        decoder.feed(vectors["preamble-default"])
+        assert decoder.next_handshake() is not None
+        decoder.feed(vector[:cut])
+        assert decoder.next_message() is None
+        decoder.receive_eof()
+        with pytest.raises(EndOfData) as exc_info:
+            decoder.next_message()
+        assert exc_info.value.truncated
+
+
+def test_end_of_stream_inside_the_preamble_is_truncation(vectors: dict[str, bytes]):
+    preamble = vectors["preamble-default"]
+    for cut in range(len(preamble)):
+        decoder = FrameDecoder()
+        decoder.feed(preamble[:cut])
+        assert decoder.next_handshake() is None
+        decoder.receive_eof()
+        with pytest.raises(EndOfData) as exc_info:
+            decoder.next_handshake()
+        assert exc_info.value.truncated
+
+
+def test_pickle_reference_example(doc: str):
+    assert "`D7 02 00 00 00 00 00 00 00 01`" in doc
+    payload = bytes.fromhex("D7 02 00 00 00 00 00 00 00 01")
+    assert payload[1] == EXT_PICKLE
+    assert struct.unpack("!2I", payload[2:]) == (0, 1)
+    with pytest.raises(RemoteProtocolError, match="pickle is not enabled"):
+        Serializer().loads([memoryview(payload), memoryview(b"x"), memoryview(b"y")])

@@ -1,0 +1,134 @@
+"""Serializer: msgpack body, out-of-band frames, pickle opt-in, hostile input."""
+
+from __future__ import annotations
+
+import pickle
+import struct
+
+import msgpack
+import pytest
+
+from anyio_comm import RemoteProtocolError, SerializationError
+from anyio_comm._sansio.serialization import EXT_OOB, EXT_PICKLE, Serializer
+
+
+def roundtrip(serializer: Serializer, message: object) -> object:
+    frames = serializer.dumps(message)
+    # simulate the wire: every frame lands in its own fresh buffer
+    return serializer.loads([memoryview(bytearray(f)) for f in frames])
+
+
+def test_plain_types_roundtrip() -> None:
+    s = Serializer()
+    message = {"s": "héllo", "i": -(2**63), "u": 2**64 - 1, "f": 1.5, "b": True, "n": None,
+               "l": [1, [2, {"x": b"y"}]], "t": (1, 2)}
+    expected = dict(message, t=[1, 2])
+    assert roundtrip(s, message) == expected
+
+
+@pytest.mark.parametrize("kind", [bytes, bytearray, memoryview, pickle.PickleBuffer])
+def test_large_buffers_go_out_of_band(kind: type) -> None:
+    s = Serializer(oob_threshold=100)
+    data = bytes(range(200))
+    value = kind(bytearray(data)) if kind is not bytes else data
+    frames = s.dumps({"k": value, "small": kind(bytearray(b"abc")) if kind is not bytes else b"abc"})
+    assert len(frames) == 2
+    assert frames[1].obj is (value.raw().obj if kind is pickle.PickleBuffer else
+                             (value.obj if kind is memoryview else value))  # zero-copy
+    assert len(frames[0]) < 40  # the body holds a reference, not the data
+    out = s.loads(frames)
+    assert isinstance(out["k"], memoryview)
+    assert bytes(out["k"]) == data
+    assert out["small"] == b"abc" and type(out["small"]) is bytes
+
+
+def test_threshold_is_inclusive() -> None:
+    s = Serializer(oob_threshold=10)
+    assert len(s.dumps(b"x" * 10)) == 2
+    assert len(s.dumps(b"x" * 9)) == 1
+
+
+def test_multidimensional_and_noncontiguous_buffers() -> None:
+    s = Serializer(oob_threshold=4)
+    two_d = memoryview(bytearray(range(16))).cast("B", (4, 4))
+    assert bytes(roundtrip(s, two_d)) == bytes(range(16))  # type: ignore[arg-type]
+    strided = memoryview(bytearray(range(32)))[::2]
+    assert bytes(roundtrip(s, strided)) == bytes(range(0, 32, 2))  # type: ignore[arg-type]
+
+
+def test_messages_without_buffers_are_not_rebuilt() -> None:
+    s = Serializer()
+    message = {"a": [1, 2, {"b": "c"}]}
+    frames = s.dumps(message)
+    assert frames[0].tobytes() == msgpack.packb(message)
+
+
+@pytest.mark.parametrize("value", [{1, 2}, object(), 2**64, complex(1, 2)])
+def test_unsupported_types_raise_serialization_error(value: object) -> None:
+    with pytest.raises(SerializationError) as info:
+        Serializer().dumps({"v": value})
+    assert isinstance(info.value, TypeError)
+
+
+def test_deep_nesting_raises_serialization_error() -> None:
+    message: object = []
+    for _ in range(2000):
+        message = [message]
+    with pytest.raises(SerializationError):
+        Serializer().dumps(message)
+
+
+def test_pickle_opt_in_roundtrip_with_out_of_band_buffers() -> None:
+    s = Serializer(allow_pickle=True, oob_threshold=100)
+    big = bytearray(b"q" * 1000)
+    message = {"set": {1, 2}, "obj": [pickle.PickleBuffer(big), complex(1, 2)]}
+    frames = s.dumps(message)
+    out = roundtrip(s, message)
+    assert out["set"] == {1, 2}  # type: ignore[index]
+    assert bytes(out["obj"][0]) == bytes(big)  # type: ignore[index]
+    assert out["obj"][1] == complex(1, 2)  # type: ignore[index]
+    assert any(f.obj is big for f in frames)
+
+
+def test_pickled_data_refused_without_opt_in() -> None:
+    frames = Serializer(allow_pickle=True).dumps({1, 2})
+    with pytest.raises(RemoteProtocolError, match="pickle is not enabled"):
+        Serializer().loads(frames)
+
+
+def body(obj: object) -> list[memoryview]:
+    return [memoryview(msgpack.packb(obj, use_bin_type=True))]
+
+
+@pytest.mark.parametrize(
+    ("frames", "match"),
+    [
+        ([], "no body"),
+        ([memoryview(b"\xc1")], "malformed"),  # never-used msgpack byte
+        ([memoryview(b"\x92\x01")], "malformed"),  # truncated array
+        ([memoryview(b"\x01\x02")], "malformed"),  # trailing data
+        (body(msgpack.ExtType(42, b"")), "unknown msgpack extension type 42"),
+        (body(msgpack.ExtType(EXT_OOB, struct.pack("!I", 0))), "out-of-band reference 0"),
+        (body(msgpack.ExtType(EXT_OOB, b"\x00")), "malformed out-of-band"),
+        (body(msgpack.ExtType(EXT_PICKLE, b"\x00\x00\x00\x00")), "pickle is not enabled"),
+        (body({1: 2}), "malformed"),  # non-str key (strict_map_key)
+        ([memoryview(b"\xa2\xff\xfe")], "malformed"),  # invalid UTF-8
+    ],
+)
+def test_hostile_bodies_raise_remote_protocol_error(frames: list[memoryview], match: str) -> None:
+    with pytest.raises(RemoteProtocolError, match=match):
+        Serializer().loads(frames)
+
+
+def test_bad_pickle_is_remote_protocol_error() -> None:
+    s = Serializer(allow_pickle=True)
+    frames = [*body(msgpack.ExtType(EXT_PICKLE, struct.pack("!I", 0))), memoryview(b"garbage")]
+    with pytest.raises(RemoteProtocolError, match="cannot unpickle"):
+        s.loads(frames)
+    with pytest.raises(RemoteProtocolError, match="malformed pickle"):
+        s.loads(body(msgpack.ExtType(EXT_PICKLE, b"\x00\x00")))
+
+
+def test_threshold_validation() -> None:
+    with pytest.raises(ValueError, match="oob_threshold"):
+        Serializer(oob_threshold=-1)

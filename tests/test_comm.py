@@ -1,0 +1,227 @@
+"""The Comm contract over every transport, on every backend."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from anyio import (
+    BrokenResourceError,
+    BusyResourceError,
+    ClosedResourceError,
+    EndOfStream,
+    wait_all_tasks_blocked,
+)
+from anyio.abc import SocketAttribute
+
+from anyio_comm import Limits, LocalProtocolError, RemoteProtocolError, SerializationError
+
+from .helpers import TRANSPORTS, connected_pair
+
+pytestmark = pytest.mark.parametrize("kind", TRANSPORTS)
+
+
+async def test_messages_roundtrip(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        message = {"op": "put", "n": [1, 2.5, None, True], "s": "x", "b": b"small"}
+        await client.send(message)
+        assert await server.receive() == message
+        await server.send([1, (2, 3)])
+        assert await client.receive() == [1, [2, 3]]
+
+
+async def test_large_payload_is_zero_copy_memoryview(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        payload = bytes(range(256)) * 40_000  # 10 MB
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.send, {"data": memoryview(payload), "tiny": b"t"})
+            reply = await server.receive()
+        data = reply["data"]
+        assert isinstance(data, memoryview)
+        assert data.nbytes == len(payload) and data.obj is not None
+        assert len(data.obj) == len(payload)  # its own exact-size buffer
+        assert data == payload
+        assert reply["tiny"] == b"t"
+
+
+async def test_frames_layer(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        frames = [b"header", bytearray(b"x" * 100_000), memoryview(b""), b"\x00" * 3]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.send_frames, frames)
+            received = await server.receive_frames()
+        assert [bytes(f) for f in received] == [bytes(f) for f in frames]
+        assert all(isinstance(f, memoryview) and not f.readonly for f in received)
+        await client.send_frames([])
+        assert await server.receive_frames() == []
+
+
+async def test_many_small_messages_in_order(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        async def produce() -> None:
+            for i in range(2000):
+                await client.send({"i": i, "pad": b"p" * (i % 50)})
+            await client.send_eof()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(produce)
+            received = [msg["i"] async for msg in server]
+        assert received == list(range(2000))
+
+
+async def test_eof_then_end_of_stream_repeatedly(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        await client.send("last")
+        await client.send_eof()
+        await client.send_eof()  # idempotent
+        assert await server.receive() == "last"
+        for _ in range(2):
+            with pytest.raises(EndOfStream):
+                await server.receive()
+        with pytest.raises(ClosedResourceError):
+            await client.send("after eof")
+        # the other direction still works
+        await server.send("reply")
+        assert await client.receive() == "reply"
+
+
+async def test_peer_close_is_end_of_stream(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        await client.send(1)
+        await client.aclose()
+        assert await server.receive() == 1
+        with pytest.raises(EndOfStream):
+            await server.receive()
+
+
+async def test_operations_after_close(kind: str) -> None:
+    async with connected_pair(kind) as (client, _server):
+        await client.aclose()
+        await client.aclose()  # idempotent
+        assert client.closed
+        for op in (client.receive(), client.send(1), client.send_eof(), client.receive_frames()):
+            with pytest.raises(ClosedResourceError):
+                await op
+
+
+async def test_close_wakes_blocked_receiver(kind: str) -> None:
+    async with connected_pair(kind) as (client, _server):
+        async with anyio.create_task_group() as tg:
+            async def close_soon() -> None:
+                await wait_all_tasks_blocked()
+                await client.aclose()
+
+            tg.start_soon(close_soon)
+            with anyio.fail_after(5), pytest.raises(ClosedResourceError):
+                await client.receive()
+
+
+async def test_concurrent_receive_and_send_are_busy(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.receive)
+            await wait_all_tasks_blocked()
+            with pytest.raises(BusyResourceError):
+                await client.receive()
+            await server.send("unblock")
+        if kind == "anyio-tcp-stream":
+            return  # asyncio's transports take the whole write into their own buffer
+        # a blocked sender: fill the pipe so that the first send blocks
+        big = b"x" * 50_000_000
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.send_frames, [big])
+            await wait_all_tasks_blocked()
+            with pytest.raises(BusyResourceError):
+                await client.send(1)
+            tg.start_soon(server.receive_frames)
+
+
+async def test_cancelled_receive_can_be_retried(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        with anyio.move_on_after(0.05):
+            await server.receive()
+        await client.send("hello")
+        assert await server.receive() == "hello"
+
+
+async def test_send_cancelled_mid_message_breaks_the_comm(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        with anyio.move_on_after(0.3) as scope:
+            await client.send_frames([b"x" * 100_000_000])  # the peer does not read
+        if not scope.cancelled_caught and kind == "anyio-tcp-stream":
+            pytest.skip("the asyncio transport buffered the whole write")
+        assert scope.cancelled_caught
+        with pytest.raises(BrokenResourceError):
+            await client.send("more")
+        with pytest.raises(BrokenResourceError):
+            await client.receive()
+        # the peer sees a broken connection, never a desynchronized stream
+        with anyio.fail_after(10), pytest.raises(BrokenResourceError):
+            await server.receive_frames()
+
+
+async def test_send_cancelled_before_writing_keeps_the_comm(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await client.send("never")
+        assert scope.cancelled_caught
+        await client.send("ok")
+        assert await server.receive() == "ok"
+
+
+async def test_serialization_error_sends_nothing(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        with pytest.raises(SerializationError):
+            await client.send({"bad": {1, 2}})
+        await client.send("fine")
+        assert await server.receive() == "fine"
+
+
+async def test_peer_limits_checked_before_sending(kind: str) -> None:
+    async with connected_pair(kind, limits=Limits(max_frame_size=1000)) as (client, server):
+        assert client.peer_handshake.limits.max_frame_size == 1000
+        with pytest.raises(LocalProtocolError, match="peer's limit"):
+            await client.send_frames([b"x" * 1001])
+        await client.send_frames([b"x" * 1000])
+        assert len((await server.receive_frames())[0]) == 1000
+
+
+async def test_pickle_opt_in(kind: str) -> None:
+    async with connected_pair(kind, allow_pickle=True) as (client, server):
+        await client.send({"set": {1, 2}, "c": complex(1, 2)})
+        assert await server.receive() == {"set": {1, 2}, "c": complex(1, 2)}
+
+
+async def test_frames_message_read_as_message_is_protocol_error(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        await client.send_frames([b"\xc1 not msgpack"])
+        with pytest.raises(RemoteProtocolError):
+            await server.receive()
+        with pytest.raises(BrokenResourceError):
+            await server.receive()
+        with anyio.fail_after(10), pytest.raises((BrokenResourceError, EndOfStream)):
+            await client.receive()
+
+
+async def test_async_iteration_ends_on_close(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        for i in range(3):
+            await client.send(i)
+        await client.aclose()
+        assert [m async for m in server] == [0, 1, 2]
+
+
+async def test_addresses_and_attributes(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        assert "://" in client.local_address and "://" in client.peer_address
+        assert repr(client).startswith("<Comm ")
+        if kind in ("tcp", "tcp6"):
+            assert client.peer_address == server.local_address
+            assert client.local_address == server.peer_address
+            host, port = client.extra(SocketAttribute.remote_address)
+            assert port == client.extra(SocketAttribute.remote_port)
+            assert client.extra(SocketAttribute.raw_socket).fileno() >= 0
+            assert client.peer_address.endswith(f":{port}")
+        if kind == "unix":
+            assert client.peer_address == server.local_address
+            assert client.extra(SocketAttribute.family).name == "AF_UNIX"
