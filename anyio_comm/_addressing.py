@@ -74,9 +74,7 @@ def parse_address(address: str) -> Address:
     if rest.startswith("["):
         host, bracket, port_text = rest[1:].partition("]")
         if not bracket or not port_text.startswith(":"):
-            raise ValueError(
-                f"malformed address {address!r}: expected tcp://[ipv6]:port"
-            )
+            raise ValueError(f"malformed address {address!r}: expected tcp://[ipv6]:port")
         try:
             ipaddress.IPv6Address(host)
         except ValueError:
@@ -90,8 +88,7 @@ def parse_address(address: str) -> Address:
             raise ValueError(f"malformed address {address!r}: expected tcp://host:port")
         if ":" in host:
             raise ValueError(
-                f"malformed address {address!r}: IPv6 hosts need brackets, "
-                "tcp://[::1]:port"
+                f"malformed address {address!r}: IPv6 hosts need brackets, tcp://[::1]:port"
             )
     if not host or any(c in host for c in "/?#@ "):
         raise ValueError(f"malformed address {address!r}: bad host {host!r}")

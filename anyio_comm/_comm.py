@@ -17,8 +17,7 @@ the peer's EOF, which every later ``receive()`` reports as ``EndOfStream``.
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
-from typing import Any, final
+from typing import TYPE_CHECKING, Any, final
 
 from anyio import (
     BrokenResourceError,
@@ -32,12 +31,16 @@ from anyio.abc import ObjectStream
 from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint_if_cancelled
 
 from ._exceptions import RemoteProtocolError
-from ._options import CommOptions
-from ._sansio._buffer import Buffer
 from ._sansio.decoder import EndOfData, FrameDecoder
-from ._sansio.serialization import Serializer
 from ._sansio.wire import Handshake, encode_header, encode_preamble, frames_to_iov
-from ._transports.base import Transport
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+    from ._options import CommOptions
+    from ._sansio._buffer import Buffer
+    from ._sansio.serialization import Serializer
+    from ._transports.base import Transport
 
 __all__ = ["Comm", "establish"]
 
@@ -105,10 +108,7 @@ class Comm(ObjectStream[Any]):
         self._send_guard = ResourceGuard("sending to")
 
     def __repr__(self) -> str:
-        return (
-            f"<Comm {self._local_address} -> {self._peer_address} "
-            f"({self._state.value})>"
-        )
+        return f"<Comm {self._local_address} -> {self._peer_address} ({self._state.value})>"
 
     # -- attributes --------------------------------------------------------
 

@@ -4,22 +4,25 @@ from __future__ import annotations
 
 import os
 import socket
-from typing import Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 from anyio import wait_writable
-from anyio.abc import ByteStream
 
 from ._addressing import format_socket_address, parse_address
 from ._comm import Comm, establish
 from ._inproc import connect_inproc
 from ._options import make_options
-from ._sansio.buffers import Allocator
 from ._sansio.decoder import DEFAULT_READ_BUFFER_SIZE
 from ._sansio.serialization import DEFAULT_OOB_THRESHOLD
-from ._sansio.wire import Limits
 from ._transports.rawsocket import SocketTransport
 from ._transports.stream import StreamTransport
+
+if TYPE_CHECKING:
+    from anyio.abc import ByteStream
+
+    from ._sansio.buffers import Allocator
+    from ._sansio.wire import Limits
 
 __all__ = ["configure_socket", "connect", "from_stream", "open_socket"]
 
@@ -33,7 +36,7 @@ def configure_socket(sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
 
-async def _connect_socket(sock: socket.socket, sockaddr: object) -> None:
+async def _connect_socket(sock: socket.socket, sockaddr: Any) -> None:
     try:
         sock.connect(sockaddr)
     except (BlockingIOError, InterruptedError):

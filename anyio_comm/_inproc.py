@@ -7,13 +7,16 @@ in-memory byte stream; no object is ever passed by reference.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from ._comm import Comm, establish
-from ._options import CommOptions
 from ._transports.memory import MemoryByteStream, memory_byte_stream_pair
 from ._transports.stream import StreamTransport
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._options import CommOptions
 
 __all__ = ["connect_inproc", "register", "unregister"]
 
@@ -62,7 +65,9 @@ async def connect_inproc(name: str, options: CommOptions) -> Comm:
     transport = StreamTransport(client_stream)
     try:
         return await establish(
-            transport, options, local_address=client_address,
+            transport,
+            options,
+            local_address=client_address,
             peer_address=f"inproc://{name}",
         )
     except BaseException:

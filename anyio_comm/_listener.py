@@ -24,7 +24,7 @@ import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Final, NoReturn, final
+from typing import TYPE_CHECKING, Any, Final, NoReturn, final
 
 import anyio
 from anyio import (
@@ -35,7 +35,6 @@ from anyio import (
     notify_closing,
     wait_readable,
 )
-from anyio.abc import TaskGroup, TaskStatus
 
 from ._addressing import Address, format_socket_address, format_tcp, parse_address
 from ._comm import Comm, establish
@@ -43,14 +42,18 @@ from ._connect import configure_socket
 from ._exceptions import ProtocolError
 from ._inproc import register, unregister
 from ._options import CommOptions, make_options
-from ._sansio.buffers import Allocator
 from ._sansio.decoder import DEFAULT_READ_BUFFER_SIZE
 from ._sansio.serialization import DEFAULT_OOB_THRESHOLD
-from ._sansio.wire import Limits
-from ._transports.base import Transport
-from ._transports.memory import MemoryByteStream
 from ._transports.rawsocket import SocketTransport
 from ._transports.stream import StreamTransport
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup, TaskStatus
+
+    from ._sansio.buffers import Allocator
+    from ._sansio.wire import Limits
+    from ._transports.base import Transport
+    from ._transports.memory import MemoryByteStream
 
 __all__ = ["Handler", "Listener", "listen", "serve"]
 
@@ -68,9 +71,7 @@ _CONNECTION_ERRORS: Final = (
     TimeoutError,
 )
 #: accept() errors that mean "out of resources": back off, then retry
-_RESOURCE_ERRNOS: Final = frozenset(
-    {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
-)
+_RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
 _ACCEPT_BATCH: Final = 64
 
 

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from ._sansio.buffers import Allocator
 from ._sansio.decoder import DEFAULT_READ_BUFFER_SIZE, FrameDecoder
 from ._sansio.serialization import DEFAULT_OOB_THRESHOLD, Serializer
 from ._sansio.wire import Limits
+
+if TYPE_CHECKING:
+    from ._sansio.buffers import Allocator
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,9 +5,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -17,6 +16,9 @@ from anyio_comm import Comm
 from anyio_comm.testing import comm_pair
 
 from .conftest import HAVE_IPV6, HAVE_UNIX
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
 
 #: every way to get a connected pair of comms
 TRANSPORTS = [

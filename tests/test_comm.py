@@ -57,6 +57,7 @@ async def test_frames_layer(kind: str) -> None:
 
 async def test_many_small_messages_in_order(kind: str) -> None:
     async with connected_pair(kind) as (client, server):
+
         async def produce() -> None:
             for i in range(2000):
                 await client.send({"i": i, "pad": b"p" * (i % 50)})
@@ -106,6 +107,7 @@ async def test_operations_after_close(kind: str) -> None:
 async def test_close_wakes_blocked_receiver(kind: str) -> None:
     async with connected_pair(kind) as (client, _server):
         async with anyio.create_task_group() as tg:
+
             async def close_soon() -> None:
                 await wait_all_tasks_blocked()
                 await client.aclose()
@@ -218,7 +220,7 @@ async def test_addresses_and_attributes(kind: str) -> None:
         if kind in ("tcp", "tcp6"):
             assert client.peer_address == server.local_address
             assert client.local_address == server.peer_address
-            host, port = client.extra(SocketAttribute.remote_address)
+            _host, port = client.extra(SocketAttribute.remote_address)
             assert port == client.extra(SocketAttribute.remote_port)
             assert client.extra(SocketAttribute.raw_socket).fileno() >= 0
             assert client.peer_address.endswith(f":{port}")

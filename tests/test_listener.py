@@ -75,7 +75,7 @@ async def test_leaving_listen_closes_everything(kind: str) -> None:
                 await client.receive()
             await client.aclose()
         if kind == "unix":
-            assert not os.path.exists(address[len("unix://") :])
+            assert not os.path.exists(address[len("unix://") :])  # noqa: ASYNC240
         if kind == "inproc":
             with pytest.raises(ConnectionRefusedError):
                 await anyio_comm.connect(listener.address)
@@ -135,7 +135,8 @@ async def test_client_detects_non_anyio_comm_server() -> None:
 
 
 async def test_bad_frames_from_peer_close_only_that_connection() -> None:
-    async with anyio_comm.listen("tcp://127.0.0.1:0", echo, limits=Limits(max_frame_size=100)) as listener:
+    limits = Limits(max_frame_size=100)
+    async with anyio_comm.listen("tcp://127.0.0.1:0", echo, limits=limits) as listener:
         async with await anyio_comm.connect(listener.address) as good:
             stream = await raw_connect(listener.address)
             async with stream:
@@ -185,14 +186,25 @@ async def test_exception_in_listen_body_propagates() -> None:
 
 @pytest.mark.parametrize(
     "address",
-    ["tcp://127.0.0.1", "tcp://:80", "tcp://host:99999", "tcp://::1:80", "tcp://[nothost]:1",
-     "http://x:1", "tcp//x:1", "127.0.0.1:80", "unix://", "tls-ish://a:1", "tcp://a b:1"],
+    [
+        "tcp://127.0.0.1",
+        "tcp://:80",
+        "tcp://host:99999",
+        "tcp://::1:80",
+        "tcp://[nothost]:1",
+        "http://x:1",
+        "tcp//x:1",
+        "127.0.0.1:80",
+        "unix://",
+        "tls-ish://a:1",
+        "tcp://a b:1",
+    ],
 )
 async def test_malformed_addresses(address: str) -> None:
-    with pytest.raises(ValueError, match="address|scheme") as info:
+    with pytest.raises(ValueError, match=r"address|scheme") as info:
         await anyio_comm.connect(address)
     assert address in str(info.value)
-    with pytest.raises(ValueError, match="address|scheme"):
+    with pytest.raises(ValueError, match=r"address|scheme"):
         async with anyio_comm.listen(address, echo):
             pass
 
@@ -266,6 +278,7 @@ async def test_slow_reader_stops_the_writer(kind: str) -> None:
 
 async def test_many_concurrent_connections() -> None:
     async with anyio_comm.listen("tcp://127.0.0.1:0", echo) as listener:
+
         async def client(i: int) -> None:
             async with await anyio_comm.connect(listener.address, timeout=10) as comm:
                 for j in range(5):

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from ._buffer import Buffer
 
-__all__ = ["Allocator", "default_allocator", "allocate"]
+__all__ = ["Allocator", "allocate", "default_allocator"]
 
 #: ``allocator(nbytes) -> writable buffer of exactly nbytes bytes``
 Allocator = Callable[[int], Buffer]

@@ -132,8 +132,7 @@ class FrameDecoder:
     ) -> None:
         if read_buffer_size < MIN_READ_BUFFER_SIZE:
             raise ValueError(
-                f"read_buffer_size must be at least {MIN_READ_BUFFER_SIZE}, "
-                f"got {read_buffer_size}"
+                f"read_buffer_size must be at least {MIN_READ_BUFFER_SIZE}, got {read_buffer_size}"
             )
         self._limits = limits if limits is not None else Limits()
         self._allocator: Allocator = allocator or default_allocator
@@ -247,14 +246,16 @@ class FrameDecoder:
                 f"{_describe(self._view[start : self._end])})"
             )
         if avail < PREAMBLE_FIXED_SIZE:
-            return self._need_data("the connection preamble")
+            self._check_eof("the connection preamble")
+            return None
         version, length = parse_preamble_head(self._view[start:])
         if version < PROTOCOL_VERSION:
             raise RemoteProtocolError(f"unsupported protocol version {version}")
         if not PREAMBLE_BODY_V1_SIZE <= length <= MAX_PREAMBLE_BODY:
             raise RemoteProtocolError(f"invalid preamble body length {length}")
         if avail < PREAMBLE_FIXED_SIZE + length:
-            return self._need_data("the connection preamble")
+            self._check_eof("the connection preamble")
+            return None
         limits = parse_preamble_body(self._view[start + PREAMBLE_FIXED_SIZE :])
         self._start = start + PREAMBLE_FIXED_SIZE + length
         self._state = _State.COUNT
@@ -281,12 +282,12 @@ class FrameDecoder:
                 start = self._start
                 avail = self._end - start
                 if avail < 4:
-                    return self._need_data("a message header")
+                    self._check_eof("a message header")
+                    return None
                 count = unpack_count(view, start)
                 if count > self._limits.max_frames:
                     raise RemoteProtocolError(
-                        f"message has {count} frames; the limit is "
-                        f"{self._limits.max_frames}"
+                        f"message has {count} frames; the limit is {self._limits.max_frames}"
                     )
                 if count == 0:
                     self._start = start + 4
@@ -328,7 +329,8 @@ class FrameDecoder:
                     self._filled = filled + take
                     self._start = start + take
                 if take < missing:
-                    return self._need_data("a message")
+                    self._check_eof("a message")
+                    return None
 
             self._target = None
             if state is _State.LENGTHS:
@@ -366,11 +368,10 @@ class FrameDecoder:
         self._state = _State.COUNT
         return frames
 
-    def _need_data(self, what: str) -> None:
+    def _check_eof(self, what: str) -> None:
+        """Raise EndOfData if no more data will come; else return (need data)."""
         if not self._eof:
-            return None
+            return
         if self.at_message_boundary:
             raise EndOfData("the peer closed the connection", truncated=False)
-        raise EndOfData(
-            f"the connection closed in the middle of {what}", truncated=True
-        )
+        raise EndOfData(f"the connection closed in the middle of {what}", truncated=True)

@@ -26,13 +26,16 @@ from __future__ import annotations
 
 import pickle
 import struct
-from collections.abc import Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgpack
 
 from .._exceptions import RemoteProtocolError, SerializationError
-from ._buffer import Buffer
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ._buffer import Buffer
 
 __all__ = ["DEFAULT_OOB_THRESHOLD", "EXT_OOB", "EXT_PICKLE", "Serializer"]
 
@@ -106,8 +109,7 @@ class Serializer:
             )
         except SerializationError:
             raise
-        except (TypeError, ValueError, OverflowError, RecursionError,
-                pickle.PicklingError) as exc:
+        except (TypeError, ValueError, OverflowError, RecursionError, pickle.PicklingError) as exc:
             raise SerializationError(f"cannot serialize message: {exc}") from exc
         return [memoryview(body), *oob]
 
@@ -154,9 +156,7 @@ class Serializer:
             for buffer in buffers:
                 indices.append(len(oob))
                 oob.append(_flat(buffer))
-            return msgpack.ExtType(
-                EXT_PICKLE, struct.pack(f"!{len(indices)}I", *indices)
-            )
+            return msgpack.ExtType(EXT_PICKLE, struct.pack(f"!{len(indices)}I", *indices))
 
         return default
 
@@ -182,8 +182,7 @@ class Serializer:
             if code == EXT_PICKLE:
                 if not self._allow_pickle:
                     raise RemoteProtocolError(
-                        "peer sent pickled data but pickle is not enabled "
-                        "(allow_pickle=False)"
+                        "peer sent pickled data but pickle is not enabled (allow_pickle=False)"
                     )
                 if not data or len(data) % 4:
                     raise RemoteProtocolError("malformed pickle reference")
@@ -197,7 +196,10 @@ class Serializer:
 
         try:
             return msgpack.unpackb(
-                frames[0], ext_hook=ext_hook, raw=False, strict_map_key=True,
+                frames[0],
+                ext_hook=ext_hook,
+                raw=False,
+                strict_map_key=True,
                 timestamp=0,
             )
         except RemoteProtocolError:
@@ -211,8 +213,7 @@ class Serializer:
 def _oob_frame(oob: Sequence[memoryview], index: int) -> memoryview:
     if index >= len(oob):
         raise RemoteProtocolError(
-            f"out-of-band reference {index} but the message has {len(oob)} "
-            "out-of-band frames"
+            f"out-of-band reference {index} but the message has {len(oob)} out-of-band frames"
         )
     return oob[index]
 

@@ -21,12 +21,15 @@ Each message after the preamble::
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
 from .._exceptions import LocalProtocolError
-from ._buffer import Buffer
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ._buffer import Buffer
 
 __all__ = [
     "COALESCE_THRESHOLD",
@@ -104,8 +107,7 @@ class Limits:
         """
         if len(lengths) > self.max_frames:
             raise LocalProtocolError(
-                f"message has {len(lengths)} frames; the peer accepts at most "
-                f"{self.max_frames}"
+                f"message has {len(lengths)} frames; the peer accepts at most {self.max_frames}"
             )
         total = 0
         for length in lengths:

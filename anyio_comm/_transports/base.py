@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from abc import ABCMeta, abstractmethod
-from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from anyio import TypedAttributeProvider
+from anyio.abc import AsyncResource
 
-from .._sansio._buffer import Buffer
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from .._sansio._buffer import Buffer
 
 __all__ = ["Transport"]
 
 
-class Transport(TypedAttributeProvider, metaclass=ABCMeta):
+class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
     """A bidirectional byte transport with receive-into and gather-send.
 
     Checkpoint contract: a transport operation may complete without ever

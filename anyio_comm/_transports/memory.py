@@ -8,15 +8,18 @@ direction, so a receiver that stops reading blocks the sender.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream
 from anyio.abc import ByteStream
-from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
 
-from .._sansio._buffer import Buffer
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    from anyio.streams.memory import MemoryObjectReceiveStream, MemoryObjectSendStream
+
+    from .._sansio._buffer import Buffer
 
 __all__ = ["MemoryByteStream", "memory_byte_stream_pair"]
 
@@ -54,7 +57,7 @@ class MemoryByteStream(ByteStream):
         self._pending = self._pending[max_bytes:]
         return data
 
-    async def send(self, item: Buffer) -> None:  # type: ignore[override]
+    async def send(self, item: Buffer) -> None:
         if self._closed:
             raise ClosedResourceError
         view = memoryview(item).cast("B")

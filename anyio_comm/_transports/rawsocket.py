@@ -25,8 +25,7 @@ from __future__ import annotations
 import errno
 import os
 import socket
-from collections.abc import Mapping, Sequence
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 from anyio import (
@@ -39,8 +38,12 @@ from anyio import (
 )
 from anyio.abc import SocketAttribute
 
-from .._sansio._buffer import Buffer
 from .base import Transport
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from .._sansio._buffer import Buffer
 
 __all__ = ["SocketTransport"]
 
@@ -79,9 +82,7 @@ class SocketTransport(Transport):
         family = sock.family
         attributes: dict[Any, Any] = {
             SocketAttribute.family: lambda: family,
-            SocketAttribute.local_address: lambda: _socket_address(
-                family, sock.getsockname()
-            ),
+            SocketAttribute.local_address: lambda: _socket_address(family, sock.getsockname()),
             SocketAttribute.raw_socket: lambda: sock,
         }
         try:
@@ -89,9 +90,7 @@ class SocketTransport(Transport):
         except OSError:
             peer = None
         if peer is not None:
-            attributes[SocketAttribute.remote_address] = lambda: _socket_address(
-                family, peer
-            )
+            attributes[SocketAttribute.remote_address] = lambda: _socket_address(family, peer)
         if family in (socket.AF_INET, socket.AF_INET6):
             attributes[SocketAttribute.local_port] = lambda: sock.getsockname()[1]
             if peer is not None:
@@ -161,8 +160,10 @@ class SocketTransport(Transport):
                 raise self._translate(exc) from exc
             sent_any = True
             while sent:
-                size = len(pending[first]) if isinstance(pending[first], bytes) else (
-                    memoryview(pending[first]).nbytes
+                size = (
+                    len(pending[first])
+                    if isinstance(pending[first], bytes)
+                    else (memoryview(pending[first]).nbytes)
                 )
                 if sent >= size:
                     sent -= size

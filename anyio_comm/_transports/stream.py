@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream
-from anyio.abc import ByteStream
 
-from .._sansio._buffer import Buffer
 from .base import Transport
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from anyio.abc import ByteStream
+
+    from .._sansio._buffer import Buffer
 
 __all__ = ["StreamTransport"]
 
@@ -60,7 +64,7 @@ class StreamTransport(Transport):
             raise ClosedResourceError
         try:
             for buffer in buffers:
-                await self._stream.send(cast(bytes, buffer))
+                await self._stream.send(cast("bytes", buffer))
         except (ClosedResourceError, BrokenResourceError):
             self.send_interrupted = True
             raise

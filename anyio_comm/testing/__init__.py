@@ -8,8 +8,8 @@
 
 from __future__ import annotations
 
-from ._pair import comm_pair as comm_pair
 from .._transports.memory import MemoryByteStream as MemoryByteStream
 from .._transports.memory import memory_byte_stream_pair as memory_byte_stream_pair
+from ._pair import comm_pair as comm_pair
 
 __all__ = ["MemoryByteStream", "comm_pair", "memory_byte_stream_pair"]

@@ -1,12 +1,14 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .._comm import Comm
 from .._connect import from_stream
 from .._transports.memory import memory_byte_stream_pair
+
+if TYPE_CHECKING:
+    from .._comm import Comm
 
 
 async def comm_pair(
@@ -24,9 +26,7 @@ async def comm_pair(
     comms: list[Comm] = []
 
     async def open_one(stream: Any, local: str, peer: str) -> None:
-        comms.append(
-            await from_stream(stream, local_address=local, peer_address=peer, **options)
-        )
+        comms.append(await from_stream(stream, local_address=local, peer_address=peer, **options))
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(open_one, a, "memory://a", "memory://b")

@@ -141,7 +141,9 @@ def test_bad_allocator_is_rejected(bad: object) -> None:
         (Limits(max_message_size=10), [b"x" * 6, b"y" * 6], "message of 12 bytes"),
     ],
 )
-def test_limits_are_enforced_on_the_header(limits: Limits, message: list[bytes], match: str) -> None:
+def test_limits_are_enforced_on_the_header(
+    limits: Limits, message: list[bytes], match: str
+) -> None:
     allocated: list[int] = []
 
     def allocator(n: int) -> bytearray:

@@ -13,10 +13,15 @@ from anyio_comm._sansio.wire import encode_header, encode_preamble, frames_to_io
 frame_lists = st.lists(st.lists(st.binary(max_size=3000), max_size=6), min_size=1, max_size=6)
 
 values = st.recursive(
-    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1)
-    | st.floats(allow_nan=False) | st.text(max_size=20) | st.binary(max_size=300),
-    lambda children: st.lists(children, max_size=4)
-    | st.dictionaries(st.text(max_size=8), children, max_size=4),
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**64 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=20)
+    | st.binary(max_size=300),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=8), children, max_size=4)
+    ),
     max_leaves=20,
 )
 
@@ -59,8 +64,10 @@ def decode_all(data: bytes, cuts: list[int], read_buffer_size: int) -> list[list
 )
 def test_frames_roundtrip_any_chunking(messages, cuts, read_buffer_size) -> None:
     stream = encode_preamble(Limits()) + b"".join(
-        b"".join(bytes(b) for b in frames_to_iov(
-            encode_header([len(f) for f in m]), [memoryview(f) for f in m]))
+        b"".join(
+            bytes(b)
+            for b in frames_to_iov(encode_header([len(f) for f in m]), [memoryview(f) for f in m])
+        )
         for m in messages
     )
     assert decode_all(stream, cuts, read_buffer_size) == messages

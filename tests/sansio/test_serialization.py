@@ -20,8 +20,16 @@ def roundtrip(serializer: Serializer, message: object) -> object:
 
 def test_plain_types_roundtrip() -> None:
     s = Serializer()
-    message = {"s": "héllo", "i": -(2**63), "u": 2**64 - 1, "f": 1.5, "b": True, "n": None,
-               "l": [1, [2, {"x": b"y"}]], "t": (1, 2)}
+    message = {
+        "s": "héllo",
+        "i": -(2**63),
+        "u": 2**64 - 1,
+        "f": 1.5,
+        "b": True,
+        "n": None,
+        "l": [1, [2, {"x": b"y"}]],
+        "t": (1, 2),
+    }
     expected = dict(message, t=[1, 2])
     assert roundtrip(s, message) == expected
 
@@ -31,10 +39,15 @@ def test_large_buffers_go_out_of_band(kind: type) -> None:
     s = Serializer(oob_threshold=100)
     data = bytes(range(200))
     value = kind(bytearray(data)) if kind is not bytes else data
-    frames = s.dumps({"k": value, "small": kind(bytearray(b"abc")) if kind is not bytes else b"abc"})
+    frames = s.dumps(
+        {"k": value, "small": kind(bytearray(b"abc")) if kind is not bytes else b"abc"}
+    )
     assert len(frames) == 2
-    assert frames[1].obj is (value.raw().obj if kind is pickle.PickleBuffer else
-                             (value.obj if kind is memoryview else value))  # zero-copy
+    assert frames[1].obj is (
+        value.raw().obj
+        if kind is pickle.PickleBuffer
+        else (value.obj if kind is memoryview else value)
+    )  # zero-copy
     assert len(frames[0]) < 40  # the body holds a reference, not the data
     out = s.loads(frames)
     assert isinstance(out["k"], memoryview)
