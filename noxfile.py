@@ -1,0 +1,72 @@
+"""Sessions: ``nox`` runs tests (Python 3.10-3.13), tests_asyncio_only, lint and typecheck.
+
+``nox -s demo`` runs the echo demo; ``nox -s bench`` a short benchmark.
+"""
+
+from __future__ import annotations
+
+import nox
+
+PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+
+nox.options.sessions = ["tests", "tests_asyncio_only", "lint", "typecheck"]
+nox.options.reuse_existing_virtualenvs = False
+nox.options.error_on_missing_interpreters = True
+
+
+def tests_impl(session: nox.Session, extras: str, *pytest_args: str) -> None:
+    session.install(f".[{extras}]")
+    session.run(
+        "python",
+        "-X",
+        "dev",
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        *pytest_args,
+        *session.posargs,
+        env={"PYTHONASYNCIODEBUG": "0"},
+    )
+
+
+@nox.session(python=PYTHONS)
+def tests(session: nox.Session) -> None:
+    """The whole suite on asyncio, asyncio+uvloop and trio."""
+    tests_impl(session, "test")
+
+
+@nox.session(python="3.11")
+def tests_asyncio_only(session: nox.Session) -> None:
+    """Without the optional trio and uvloop extras: the core must not need them."""
+    session.install(".", "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100")
+    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", "-q", *session.posargs)
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", "anyio_comm", "tests", "benchmarks", "noxfile.py")
+    session.run("ruff", "format", "--check", "anyio_comm", "tests", "benchmarks", "noxfile.py")
+
+
+@nox.session(python="3.11")
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on the package."""
+    session.install(".[typecheck]")
+    session.run("mypy", "--strict", "anyio_comm")
+
+
+@nox.session(python="3.11")
+def demo(session: nox.Session) -> None:
+    """The echo demo on every backend."""
+    session.install(".[trio,uvloop]")
+    session.run("python", "-m", "anyio_comm", "demo", *session.posargs)
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """A short run of the echo benchmark (anyio-comm vs plain AnyIO streams)."""
+    session.install(".[trio,uvloop]")
+    session.run("python", "-m", "benchmarks.echo", "--seconds", "1", *session.posargs)

@@ -1,0 +1,48 @@
+"""The public surface: __all__ complete, concrete classes final, docstrings present."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+import anyio_comm
+import anyio_comm.testing
+
+MODULES = [anyio_comm, anyio_comm.testing]
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_all_is_complete_and_sorted(module: object) -> None:
+    public = {name for name in vars(module) if not name.startswith("_")}
+    public -= {"annotations"}  # from __future__
+    exported = set(module.__all__)  # type: ignore[attr-defined]
+    assert public - {"testing"} <= exported
+    assert all(hasattr(module, name) for name in exported)
+
+
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_public_objects_have_docstrings(module: object) -> None:
+    for name in module.__all__:  # type: ignore[attr-defined]
+        obj = getattr(module, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            assert inspect.getdoc(obj), name
+
+
+def test_concrete_classes_are_final() -> None:
+    for cls in (anyio_comm.Comm, anyio_comm.Listener):
+        assert getattr(cls, "__final__", False), cls  # @typing.final, for type checkers
+    # exceptions are meant to be subclassed only through the documented tree
+    assert issubclass(anyio_comm.RemoteProtocolError, anyio_comm.ProtocolError)
+    assert issubclass(anyio_comm.LocalProtocolError, anyio_comm.ProtocolError)
+    assert issubclass(anyio_comm.ProtocolError, anyio_comm.CommError)
+    assert issubclass(anyio_comm.SerializationError, TypeError)
+    with pytest.raises(TypeError, match="abstract"):
+        anyio_comm.ProtocolError("x")
+
+
+def test_async_public_functions_document_what_they_raise() -> None:
+    for func in (anyio_comm.connect, anyio_comm.from_stream, anyio_comm.listen):
+        assert "Raises:" in (func.__doc__ or ""), func
+    for method in ("send", "receive", "send_frames", "receive_frames", "send_eof"):
+        assert "Raises:" in (getattr(anyio_comm.Comm, method).__doc__ or ""), method
