@@ -17,7 +17,7 @@ the peer's EOF, which every later ``receive()`` reports as ``EndOfStream``.
 from __future__ import annotations
 
 import enum
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any
 
 from anyio import (
     BrokenResourceError,
@@ -30,6 +30,7 @@ from anyio import (
 from anyio.abc import ObjectStream
 from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint_if_cancelled
 
+from ._compat import final
 from ._exceptions import RemoteProtocolError
 from ._sansio.decoder import EndOfData, FrameDecoder
 from ._sansio.wire import Handshake, encode_header, encode_preamble, frames_to_iov
@@ -286,17 +287,20 @@ class Comm(ObjectStream[Any]):
             anyio.ClosedResourceError: this comm was closed.
             anyio.BrokenResourceError: the connection failed.
             anyio.BusyResourceError: another task is sending.
+            NotImplementedError: the underlying stream of a
+                :func:`~anyio_comm.from_stream` comm cannot half-close (the
+                comm stays usable).
         """
         with self._send_guard:
             self._check_state()
             if self._eof_sent:
                 return
-            self._eof_sent = True
             try:
                 await self._transport.send_eof()
             except BrokenResourceError:
                 await self._fail()
                 raise
+            self._eof_sent = True
 
     # -- closing -----------------------------------------------------------
 

@@ -24,7 +24,7 @@ import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final, NoReturn, final
+from typing import TYPE_CHECKING, Any, Final, NoReturn
 
 import anyio
 from anyio import (
@@ -38,6 +38,7 @@ from anyio import (
 
 from ._addressing import Address, format_socket_address, format_tcp, parse_address
 from ._comm import Comm, establish
+from ._compat import final
 from ._connect import configure_socket
 from ._exceptions import ProtocolError
 from ._inproc import register, unregister

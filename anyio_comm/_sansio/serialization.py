@@ -1,7 +1,8 @@
 """Message serialization: msgpack body plus out-of-band frames.
 
 A message becomes a list of frames: frame 0 is the msgpack body, frames 1..N
-are the out-of-band buffers, in the order the body references them.
+are the out-of-band buffers, each referenced from the body by its index (in
+any order: with pickle enabled, pickled objects' frames follow the others).
 
 * Bytes-like values (``bytes``, ``bytearray``, ``memoryview``,
   ``pickle.PickleBuffer``) of at least ``oob_threshold`` bytes are not copied
@@ -19,7 +20,11 @@ are the out-of-band buffers, in the order the body references them.
   unpickles anything.
 
 Tuples are encoded as msgpack arrays and come back as lists. Map keys must be
-``str`` or ``bytes`` on receipt (msgpack's ``strict_map_key``).
+``str`` or ``bytes`` (checked when sending; a receiver rejects other keys, as
+msgpack's ``strict_map_key`` does, against hash-collision attacks). Raw
+``msgpack.ExtType`` values cannot be sent (they could forge out-of-band
+references); msgpack's standard timestamp extension (type -1) is decoded to
+``msgpack.Timestamp``.
 """
 
 from __future__ import annotations
@@ -123,6 +128,10 @@ class Serializer:
         if cls is dict:
             new: dict[Any, Any] | None = None
             for key, value in obj.items():
+                if type(key) is not str and type(key) is not bytes:
+                    raise SerializationError(
+                        f"map keys must be str or bytes, not {type(key).__name__}"
+                    )
                 replaced = self._extract(value, oob)
                 if replaced is not value:
                     if new is None:
@@ -138,6 +147,8 @@ class Serializer:
                         items = list(obj)
                     items[i] = replaced
             return obj if items is None else items
+        if cls is msgpack.ExtType:
+            raise SerializationError("msgpack.ExtType values cannot be sent")
         if cls in _BYTES_TYPES or isinstance(obj, _BYTES_TYPES):
             view = _flat(obj)
             if view.nbytes >= self._oob_threshold:

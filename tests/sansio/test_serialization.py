@@ -145,3 +145,19 @@ def test_bad_pickle_is_remote_protocol_error() -> None:
 def test_threshold_validation() -> None:
     with pytest.raises(ValueError, match="oob_threshold"):
         Serializer(oob_threshold=-1)
+
+
+@pytest.mark.parametrize("key", [1, 1.5, None, (1, 2)])
+def test_non_string_keys_refused_at_send_time(key: object) -> None:
+    with pytest.raises(SerializationError, match="map keys"):
+        Serializer().dumps({"outer": {key: 1}})
+
+
+def test_raw_ext_types_cannot_be_sent() -> None:
+    with pytest.raises(SerializationError, match="ExtType"):
+        Serializer().dumps([msgpack.ExtType(EXT_OOB, b"\x00\x00\x00\x00")])
+
+
+def test_timestamp_extension_roundtrips() -> None:
+    stamp = msgpack.Timestamp(1_700_000_000, 5)
+    assert roundtrip(Serializer(), {"t": stamp}) == {"t": stamp}
