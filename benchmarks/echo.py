@@ -2,7 +2,7 @@
 
 A server process echoes every message back; a client process keeps
 ``--concurrency`` connections busy with request/reply round trips of one
-payload size for ``--seconds`` (after a short warm-up). Each case runs in a
+payload size for ``--seconds`` (after a short warm-up). Every case runs in a
 fresh pair of processes, by default pinned to two different CPUs. Systems:
 
 * ``anyio-comm``: :func:`anyio_comm.listen` / :func:`anyio_comm.connect`,
@@ -10,7 +10,7 @@ fresh pair of processes, by default pinned to two different CPUs. Systems:
   out-of-band);
 * ``anyio-streams``: :func:`anyio.create_tcp_listener` /
   :func:`anyio.connect_tcp` with an 8-byte big-endian length prefix, read back
-  with :meth:`BufferedByteReceiveStream.receive_exactly`.
+  with ``BufferedByteReceiveStream.receive_exactly``.
 
 Run from the repository root::
 
@@ -35,6 +35,7 @@ from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.to_thread
 from anyio.abc import SocketAttribute
 from anyio.streams.buffered import BufferedByteReceiveStream
 
@@ -44,16 +45,19 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from multiprocessing.connection import Connection
 
-    from anyio.abc import SocketStream
+    from anyio.abc import SocketStream, TaskStatus
+
+    RoundTrip = Callable[[], Awaitable[None]]
 
 SYSTEMS = ("anyio-comm", "anyio-streams")
-BACKENDS = {
+BACKENDS = {  # name: (AnyIO backend, backend options)
     "asyncio": ("asyncio", {}),
     "uvloop": ("asyncio", {"use_uvloop": True}),
     "trio": ("trio", {}),
 }
 STARTUP_TIMEOUT = 30.0  # seconds for a process to start, import and connect
 SIZE_CHECK_EVERY = 256  # round trips between checks of the reply size
+
 
 @dataclass(frozen=True)
 class Case:
@@ -76,13 +80,11 @@ class _Load:
     done: anyio.Event = field(default_factory=anyio.Event)
 
 
+@dataclass
 class _Counter:
-    """Requests echoed by the server, read at each measurement mark."""
+    """Messages echoed by the server so far."""
 
-    __slots__ = ("n",)
-
-    def __init__(self) -> None:
-        self.n = 0
+    n: int = 0
 
 
 def _run(backend: str, func: Any, *args: Any) -> Any:
@@ -98,7 +100,7 @@ def _pin(cpu: int | None) -> None:
 # -- server -------------------------------------------------------------------
 
 
-async def _serve_comm(served: _Counter, *, task_status: Any) -> None:
+async def _serve_comm(served: _Counter, *, task_status: TaskStatus[str]) -> None:
     async def echo(comm: anyio_comm.Comm) -> None:
         async for message in comm:
             await comm.send(message)
@@ -109,28 +111,26 @@ async def _serve_comm(served: _Counter, *, task_status: Any) -> None:
         await anyio.sleep_forever()
 
 
-async def _serve_streams(served: _Counter, *, task_status: Any) -> None:
+async def _serve_streams(served: _Counter, *, task_status: TaskStatus[str]) -> None:
     async def echo(stream: SocketStream) -> None:
         reader = BufferedByteReceiveStream(stream)
+        errors = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError)
         async with stream:
-            with contextlib.suppress(
-                anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError
-            ):
+            with contextlib.suppress(*errors):
                 while True:
                     header = await reader.receive_exactly(8)
                     data = await reader.receive_exactly(int.from_bytes(header, "big"))
                     await stream.send(header + data)
                     served.n += 1
 
-    listener = await anyio.create_tcp_listener(local_host="127.0.0.1", local_port=0)
-    async with listener:
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
         host, port = listener.extra(SocketAttribute.local_address)[:2]
         task_status.started(f"tcp://{host}:{port}")
         await listener.serve(echo)
 
 
 async def _server(conn: Connection, system: str, lifetime: float) -> None:
-    """Serve until told ``"stop"``; snapshot CPU time and requests at each mark."""
+    """Serve until told ``"stop"``; snapshot CPU time and messages at each command."""
     served = _Counter()
     marks: list[tuple[float, int]] = []
     with anyio.move_on_after(lifetime):
@@ -165,12 +165,15 @@ def server_main(conn: Connection, system: str, backend: str, cpu: int | None,
 # -- client -------------------------------------------------------------------
 
 
-async def _open_comm(stack: contextlib.AsyncExitStack, address: str,
-                     payload: bytes) -> Callable[[], Awaitable[None]]:
+def _check_size(count: int, size: int, received: int) -> None:
+    if count % SIZE_CHECK_EVERY == 1 and received != size:
+        raise RuntimeError(f"the echo of {size} bytes came back with {received}")
+
+
+async def _open_comm(stack: contextlib.AsyncExitStack, address: str, payload: bytes) -> RoundTrip:
     comm = await anyio_comm.connect(address, timeout=STARTUP_TIMEOUT)
     stack.push_async_callback(comm.aclose)
     message = {"data": payload}
-    size = len(payload)
     count = 0
 
     async def roundtrip() -> None:
@@ -178,21 +181,19 @@ async def _open_comm(stack: contextlib.AsyncExitStack, address: str,
         await comm.send(message)
         reply = await comm.receive()
         count += 1
-        if count % SIZE_CHECK_EVERY == 1 and len(reply["data"]) != size:
-            raise RuntimeError(f"echo of {size} bytes came back with {len(reply['data'])}")
+        _check_size(count, len(payload), len(reply["data"]))
 
     return roundtrip
 
 
 async def _open_streams(stack: contextlib.AsyncExitStack, address: str,
-                       payload: bytes) -> Callable[[], Awaitable[None]]:
+                        payload: bytes) -> RoundTrip:
     host, _, port = address.removeprefix("tcp://").rpartition(":")
     with anyio.fail_after(STARTUP_TIMEOUT):
         stream = await anyio.connect_tcp(host, int(port))
     stack.push_async_callback(stream.aclose)
     reader = BufferedByteReceiveStream(stream)
     header = len(payload).to_bytes(8, "big")
-    size = len(payload)
     count = 0
 
     async def roundtrip() -> None:
@@ -200,13 +201,12 @@ async def _open_streams(stack: contextlib.AsyncExitStack, address: str,
         await stream.send(header + payload)
         data = await reader.receive_exactly(int.from_bytes(await reader.receive_exactly(8), "big"))
         count += 1
-        if count % SIZE_CHECK_EVERY == 1 and len(data) != size:
-            raise RuntimeError(f"echo of {size} bytes came back with {len(data)}")
+        _check_size(count, len(payload), len(data))
 
     return roundtrip
 
 
-async def _worker(roundtrip: Callable[[], Awaitable[None]], load: _Load) -> None:
+async def _worker(roundtrip: RoundTrip, load: _Load) -> None:
     """Do round trips until the window ends; record those completed inside it."""
     latencies = load.latencies
     while True:
@@ -221,10 +221,6 @@ async def _worker(roundtrip: Callable[[], Awaitable[None]], load: _Load) -> None
                 load.end = t1
                 load.done.set()
                 return
-
-
-def _percentile(ordered: list[float], q: float) -> float:
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 async def _client(conn: Connection, case: Case, address: str, seconds: float, warmup: float,
@@ -250,18 +246,16 @@ async def _client(conn: Connection, case: Case, address: str, seconds: float, wa
     count = len(load.latencies)
     if not count:
         raise RuntimeError("no round trip completed inside the measurement window")
-    window = load.end - load.start
-    rps = count / window
+    rps = count / (load.end - load.start)
     ordered = sorted(load.latencies)
+
+    def percentile_ms(q: float) -> float:
+        return ordered[round(q * (count - 1))] * 1e3
+
     return {
-        "round_trips": count,
-        "window_s": window,
-        "rps": rps,
-        "us_per_rt": 1e6 / rps,
-        "mb_per_s": rps * case.size / 1e6,
-        "p50_ms": _percentile(ordered, 0.50) * 1e3,
-        "p99_ms": _percentile(ordered, 0.99) * 1e3,
-        "max_ms": ordered[-1] * 1e3,
+        "round_trips": count, "window_s": load.end - load.start,
+        "rps": rps, "us_per_rt": 1e6 / rps, "mb_per_s": rps * case.size / 1e6,
+        "p50_ms": percentile_ms(0.50), "p99_ms": percentile_ms(0.99), "max_ms": percentile_ms(1),
         "client_cpu_us_per_rt": (cpu1 - cpu0) / count * 1e6,
     }
 
@@ -285,21 +279,18 @@ def client_main(conn: Connection, case: Case, address: str, cpu: int | None, sec
 
 def _receive(conn: Connection, proc: Any, deadline: float) -> Any:
     """Next message from ``proc``; raise if it failed, died or ran past ``deadline``."""
-    while True:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise TimeoutError(f"{proc.name} did not answer in time")
+    while (remaining := deadline - time.monotonic()) > 0:
         if conn.poll(min(remaining, 0.5)):
             try:
                 message = conn.recv()
             except EOFError:
-                raise RuntimeError(f"{proc.name} closed its pipe (exit code "
-                                   f"{proc.exitcode})") from None
+                raise RuntimeError(f"{proc.name} exited (code {proc.exitcode})") from None
             if isinstance(message, tuple) and message[0] == "error":
                 raise RuntimeError(f"{proc.name} failed:\n{message[1]}")
             return message
         if not proc.is_alive() and not conn.poll():
-            raise RuntimeError(f"{proc.name} exited with code {proc.exitcode}")
+            raise RuntimeError(f"{proc.name} exited (code {proc.exitcode})")
+    raise TimeoutError(f"{proc.name} did not answer in time")
 
 
 def _stop(proc: Any) -> None:
@@ -334,7 +325,7 @@ def run_case(ctx: Any, case: Case, cpus: tuple[int | None, int | None],
         client_child.close()
         deadline = time.monotonic() + budget
         while (message := _receive(client_conn, client, deadline)) == "mark":
-            server_conn.send("mark")
+            server_conn.send("mark")  # the client's window starts or ends now
         kind, result = message
         if kind != "result":
             raise RuntimeError(f"unexpected message from the client: {message!r}")
@@ -345,12 +336,48 @@ def run_case(ctx: Any, case: Case, cpus: tuple[int | None, int | None],
             conn.close()
         for proc in (client, server):
             _stop(proc)
+    result["server_cpu_us_per_rt"] = None
     if len(marks) >= 2 and marks[1][1] > marks[0][1]:
         (cpu0, n0), (cpu1, n1) = marks[:2]
         result["server_cpu_us_per_rt"] = (cpu1 - cpu0) / (n1 - n0) * 1e6
-    else:
-        result["server_cpu_us_per_rt"] = None
     return {**asdict(case), **result}
+
+
+def _choose_cpus(no_pin: bool) -> tuple[tuple[int | None, int | None], str]:
+    if no_pin:
+        return (None, None), "none (--no-pin)"
+    if not hasattr(os, "sched_setaffinity"):
+        return (None, None), "none (os.sched_setaffinity is not available)"
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        return (None, None), f"none (only CPU {allowed[0]} is available)"
+    return (allowed[0], allowed[1]), f"server CPU {allowed[0]}, client CPU {allowed[1]}"
+
+
+def run_matrix(cases: list[Case], cpus: tuple[int | None, int | None],
+               args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Run every case ``args.repeat`` times, interleaved; return (best per case, all runs)."""
+    ctx = multiprocessing.get_context("spawn")
+    runs: list[dict[str, Any]] = []
+    best: dict[Case, dict[str, Any]] = {}
+    for repeat in range(args.repeat):
+        for case in cases:
+            progress = (f"[{len(runs) + 1}/{len(cases) * args.repeat}] {case.system} "
+                        f"{case.backend} {_fmt_size(case.size)}:")
+            try:
+                result = run_case(ctx, case, cpus, args)
+            except Exception as exc:
+                lines = [line.strip(" |+-") for line in str(exc).splitlines()]
+                summary = next((line for line in reversed(lines) if line), repr(exc))
+                result = {**asdict(case), "error": summary, "details": str(exc)}
+                print(progress, "FAILED", exc, sep="\n", file=sys.stderr, flush=True)
+            else:
+                print(progress, f"{result['rps']:,.0f} rt/s", file=sys.stderr, flush=True)
+            runs.append({"repeat": repeat, **result})
+            previous = best.get(case)
+            if previous is None or "error" in previous or result.get("rps", 0) > previous["rps"]:
+                best[case] = result
+    return [best[case] for case in cases], runs
 
 
 # -- reporting ----------------------------------------------------------------
@@ -370,39 +397,27 @@ def format_table(results: list[dict[str, Any]]) -> str:
             f"{'srv us/rt':>11}")
     lines = [head, "-" * len(head)]
     for r in results:
+        row = f"{r['system']:<14}{r['backend']:<9}{_fmt_size(r['size']):>7}{r['concurrency']:>5}"
         if "error" in r:
-            lines.append(f"{r['system']:<14}{r['backend']:<9}{_fmt_size(r['size']):>7}"
-                         f"{r['concurrency']:>5}  FAILED: {r['error']}")
+            lines.append(f"{row}  FAILED: {r['error']}")
             continue
-        srv = "-" if r["server_cpu_us_per_rt"] is None else f"{r['server_cpu_us_per_rt']:.1f}"
+        srv = r["server_cpu_us_per_rt"]
         lines.append(
-            f"{r['system']:<14}{r['backend']:<9}{_fmt_size(r['size']):>7}{r['concurrency']:>5}"
-            f"{r['rps']:>10,.0f}{r['us_per_rt']:>10.1f}{r['mb_per_s']:>9.1f}"
+            f"{row}{r['rps']:>10,.0f}{r['us_per_rt']:>10.1f}{r['mb_per_s']:>9.1f}"
             f"{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}{r['max_ms']:>9.3f}"
-            f"{r['client_cpu_us_per_rt']:>11.1f}{srv:>11}"
+            f"{r['client_cpu_us_per_rt']:>11.1f}{'-' if srv is None else f'{srv:.1f}':>11}"
         )
-    by_case = {(r["system"], r["backend"], r["size"], r["concurrency"]): r
-               for r in results if "error" not in r}
-    ratios = []
-    for (system, backend, size, conc), r in by_case.items():
-        other = by_case.get(("anyio-streams", backend, size, conc))
-        if system == "anyio-comm" and other:
-            ratios.append(f"  {_fmt_size(size):>7} {backend:<8} conc {conc}: "
-                          f"{r['rps'] / other['rps']:.2f}x")
+    ok = {(r["system"], r["backend"], r["size"], r["concurrency"]): r
+          for r in results if "error" not in r}
+    ratios = [
+        f"  {_fmt_size(size):>7} {backend:<8} conc {conc}: "
+        f"{r['rps'] / ok[('anyio-streams', backend, size, conc)]['rps']:.2f}x"
+        for (system, backend, size, conc), r in ok.items()
+        if system == "anyio-comm" and ("anyio-streams", backend, size, conc) in ok
+    ]
     if ratios:
         lines += ["", "anyio-comm / anyio-streams, round trips per second:", *ratios]
     return "\n".join(lines)
-
-
-def _choose_cpus(no_pin: bool) -> tuple[tuple[int | None, int | None], str]:
-    if no_pin:
-        return (None, None), "none (--no-pin)"
-    if not hasattr(os, "sched_setaffinity"):
-        return (None, None), "none (os.sched_setaffinity is not available)"
-    allowed = sorted(os.sched_getaffinity(0))
-    if len(allowed) < 2:
-        return (None, None), f"none (only CPU {allowed[0]} is available)"
-    return (allowed[0], allowed[1]), f"server CPU {allowed[0]}, client CPU {allowed[1]}"
 
 
 def _versions() -> dict[str, str | None]:
@@ -415,13 +430,23 @@ def _versions() -> dict[str, str | None]:
     return versions
 
 
+def _loadavg() -> str:
+    """The 1-, 5- and 15-minute load averages, as text."""
+    if not hasattr(os, "getloadavg"):
+        return "unknown"
+    return " ".join(f"{load:.2f}" for load in os.getloadavg())
+
+
+# -- command line -------------------------------------------------------------
+
+
 def _csv(choices: tuple[str, ...] | None, convert: Any = str) -> Any:
     def parse(text: str) -> list[Any]:
         items = [convert(item.strip()) for item in text.split(",") if item.strip()]
-        bad = [item for item in items if choices is not None and item not in choices]
-        if not items or bad:
+        if not items or (choices is not None and not set(items) <= set(choices)):
             raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {choices}")
         return items
+
     return parse
 
 
@@ -436,25 +461,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.echo", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", type=_csv(None, _positive_int), default=[1000, 10_000_000],
-                        help="payload sizes in bytes (default: 1000,10000000)")
-    parser.add_argument("--backends", type=_csv(tuple(BACKENDS)), default=list(BACKENDS),
-                        help="asyncio, uvloop and/or trio (default: all)")
-    parser.add_argument("--systems", type=_csv(SYSTEMS), default=list(SYSTEMS),
-                        help="anyio-comm and/or anyio-streams (default: both)")
-    parser.add_argument("--concurrency", type=_positive_int, default=1,
-                        help="concurrent connections in the client (default: 1)")
-    parser.add_argument("--seconds", type=float, default=2.0,
-                        help="measured seconds per case (default: 2)")
-    parser.add_argument("--warmup", type=float, default=0.3,
-                        help="warm-up seconds before measuring (default: 0.3)")
-    parser.add_argument("--max-count", type=_positive_int, default=1_000_000,
-                        help="most round trips measured per case (default: 1000000)")
-    parser.add_argument("--repeat", type=_positive_int, default=1,
-                        help="run the whole matrix N times, keep the best rt/s per case")
-    parser.add_argument("--no-pin", action="store_true",
-                        help="do not pin the server and client to separate CPUs")
-    parser.add_argument("--json", metavar="PATH", help="also write all results as JSON")
+    add = parser.add_argument
+    add("--sizes", type=_csv(None, _positive_int), default=[1000, 10_000_000],
+        help="payload sizes in bytes (default: 1000,10000000)")
+    add("--backends", type=_csv(tuple(BACKENDS)), default=list(BACKENDS),
+        help="asyncio, uvloop and/or trio (default: all three)")
+    add("--systems", type=_csv(SYSTEMS), default=list(SYSTEMS),
+        help="anyio-comm and/or anyio-streams (default: both)")
+    add("--concurrency", type=_positive_int, default=1,
+        help="concurrent connections in the client (default: 1)")
+    add("--seconds", type=float, default=2.0, help="measured seconds per case (default: 2)")
+    add("--warmup", type=float, default=0.3, help="warm-up seconds per case (default: 0.3)")
+    add("--max-count", type=_positive_int, default=1_000_000,
+        help="most round trips measured per case (default: 1000000)")
+    add("--repeat", type=_positive_int, default=1,
+        help="run the whole matrix N times and keep the best rt/s per case (default: 1)")
+    add("--no-pin", action="store_true", help="do not pin server and client to CPUs")
+    add("--json", metavar="PATH", help="also write the results and metadata as JSON")
     args = parser.parse_args(argv)
     if not 0 < args.seconds <= 600 or not 0 <= args.warmup <= 60:
         parser.error("--seconds must be in (0, 600] and --warmup in [0, 60]")
@@ -464,56 +487,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmark matrix and print the results; return the exit status."""
     args = parse_args(argv)
-    backends = args.backends
-    for missing in ("uvloop", "trio"):
-        if missing in backends and importlib.util.find_spec(missing) is None:
-            print(f"note: {missing} is not installed; skipping it", file=sys.stderr)
-            backends = [b for b in backends if b != missing]
+    for name in ("uvloop", "trio"):
+        if name in args.backends and importlib.util.find_spec(name) is None:
+            print(f"note: {name} is not installed; skipping that backend", file=sys.stderr)
+            args.backends.remove(name)
     cpus, pinning = _choose_cpus(args.no_pin)
     versions = _versions()
-    print(f"anyio-comm echo benchmark: Python {platform.python_version()} on "
+    print(f"anyio-comm echo benchmark: Python {platform.python_version()}, "
           f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs; "
           + ", ".join(f"{k} {v}" for k, v in versions.items() if v))
-    print(f"pinning: {pinning}")
-    print(f"{args.seconds:g} s per case after {args.warmup:g} s warm-up, at most "
-          f"{args.max_count:,} round trips; concurrency {args.concurrency}; "
+    load_before = _loadavg()
+    print(f"pinning: {pinning}; load average before: {load_before}")
+    print(f"{args.seconds:g} s per case after {args.warmup:g} s warm-up (at most "
+          f"{args.max_count:,} round trips), concurrency {args.concurrency}, "
           f"repeat {args.repeat} (best rt/s kept)\n", flush=True)
-
     cases = [Case(system, backend, size, args.concurrency)
-             for size in args.sizes for backend in backends for system in args.systems]
-    ctx = multiprocessing.get_context("spawn")
-    runs: list[dict[str, Any]] = []
-    best: dict[Case, dict[str, Any]] = {}
-    total = len(cases) * args.repeat
-    for repeat in range(args.repeat):
-        for case in cases:
-            label = f"{case.system} {case.backend} {_fmt_size(case.size)}"
-            try:
-                result = run_case(ctx, case, cpus, args)
-            except Exception as exc:
-                lines = [line.strip(" |+-") for line in str(exc).splitlines()]
-                summary = next((line for line in reversed(lines) if line), repr(exc))
-                result = {**asdict(case), "error": summary, "details": str(exc)}
-                print(f"[{len(runs) + 1}/{total}] {label}: FAILED\n{exc}", file=sys.stderr)
-            else:
-                print(f"[{len(runs) + 1}/{total}] {label}: {result['rps']:,.0f} rt/s",
-                      file=sys.stderr, flush=True)
-            runs.append({"repeat": repeat, **result})
-            previous = best.get(case)
-            if previous is None or "error" in previous or result.get("rps", 0) > previous["rps"]:
-                best[case] = result
-    results = [best[case] for case in cases]
+             for size in args.sizes for backend in args.backends for system in args.systems]
+    results, runs = run_matrix(cases, cpus, args)
     print(format_table(results))
     if args.json:
+        command = sys.argv[1:] if argv is None else argv
         metadata = {
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "command": [sys.executable, "-m", "benchmarks.echo", *sys.argv[1:]],
-            "python": sys.version,
-            "platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
-            "pinning": pinning,
-            "server_cpu": cpus[0],
-            "client_cpu": cpus[1],
+            "command": ["python", "-m", "benchmarks.echo", *command],
+            "python": sys.version, "executable": sys.executable,
+            "platform": platform.platform(), "cpu_count": os.cpu_count(),
+            "pinning": pinning, "server_cpu": cpus[0], "client_cpu": cpus[1],
+            "load_average_before": load_before, "load_average_after": _loadavg(),
             "versions": versions,
             "options": {k: v for k, v in vars(args).items() if k != "json"},
         }
