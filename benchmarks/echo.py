@@ -149,8 +149,9 @@ async def _server(conn: Connection, system: str, lifetime: float) -> None:
     conn.send(("marks", marks))
 
 
-def server_main(conn: Connection, system: str, backend: str, cpu: int | None,
-                lifetime: float) -> None:
+def server_main(
+    conn: Connection, system: str, backend: str, cpu: int | None, lifetime: float
+) -> None:
     """Entry point of the server process."""
     try:
         _pin(cpu)
@@ -186,8 +187,9 @@ async def _open_comm(stack: contextlib.AsyncExitStack, address: str, payload: by
     return roundtrip
 
 
-async def _open_streams(stack: contextlib.AsyncExitStack, address: str,
-                        payload: bytes) -> RoundTrip:
+async def _open_streams(
+    stack: contextlib.AsyncExitStack, address: str, payload: bytes
+) -> RoundTrip:
     host, _, port = address.removeprefix("tcp://").rpartition(":")
     with anyio.fail_after(STARTUP_TIMEOUT):
         stream = await anyio.connect_tcp(host, int(port))
@@ -223,8 +225,9 @@ async def _worker(roundtrip: RoundTrip, load: _Load) -> None:
                 return
 
 
-async def _client(conn: Connection, case: Case, address: str, seconds: float, warmup: float,
-                  max_count: int) -> dict[str, Any]:
+async def _client(
+    conn: Connection, case: Case, address: str, seconds: float, warmup: float, max_count: int
+) -> dict[str, Any]:
     """Run one case's load; return the client-side measurements."""
     opener = _open_comm if case.system == "anyio-comm" else _open_streams
     payload = bytes(range(256)) * (case.size // 256) + bytes(case.size % 256)
@@ -253,15 +256,27 @@ async def _client(conn: Connection, case: Case, address: str, seconds: float, wa
         return ordered[round(q * (count - 1))] * 1e3
 
     return {
-        "round_trips": count, "window_s": load.end - load.start,
-        "rps": rps, "us_per_rt": 1e6 / rps, "mb_per_s": rps * case.size / 1e6,
-        "p50_ms": percentile_ms(0.50), "p99_ms": percentile_ms(0.99), "max_ms": percentile_ms(1),
+        "round_trips": count,
+        "window_s": load.end - load.start,
+        "rps": rps,
+        "us_per_rt": 1e6 / rps,
+        "mb_per_s": rps * case.size / 1e6,
+        "p50_ms": percentile_ms(0.50),
+        "p99_ms": percentile_ms(0.99),
+        "max_ms": percentile_ms(1),
         "client_cpu_us_per_rt": (cpu1 - cpu0) / count * 1e6,
     }
 
 
-def client_main(conn: Connection, case: Case, address: str, cpu: int | None, seconds: float,
-                warmup: float, max_count: int) -> None:
+def client_main(
+    conn: Connection,
+    case: Case,
+    address: str,
+    cpu: int | None,
+    seconds: float,
+    warmup: float,
+    max_count: int,
+) -> None:
     """Entry point of the client process."""
     try:
         _pin(cpu)
@@ -305,22 +320,30 @@ def _stop(proc: Any) -> None:
         proc.join(2)
 
 
-def run_case(ctx: Any, case: Case, cpus: tuple[int | None, int | None],
-             args: argparse.Namespace) -> dict[str, Any]:
+def run_case(
+    ctx: Any, case: Case, cpus: tuple[int | None, int | None], args: argparse.Namespace
+) -> dict[str, Any]:
     """Run one case in a fresh server and client process; return its measurements."""
     budget = STARTUP_TIMEOUT + args.warmup + args.seconds + STARTUP_TIMEOUT
     server_conn, server_child = ctx.Pipe()
     client_conn, client_child = ctx.Pipe()
-    server = ctx.Process(target=server_main, name="echo-server", daemon=True,
-                         args=(server_child, case.system, case.backend, cpus[0], budget))
+    server = ctx.Process(
+        target=server_main,
+        name="echo-server",
+        daemon=True,
+        args=(server_child, case.system, case.backend, cpus[0], budget),
+    )
     client = None
     try:
         server.start()
         server_child.close()
         _, address = _receive(server_conn, server, time.monotonic() + STARTUP_TIMEOUT)
-        client = ctx.Process(target=client_main, name="echo-client", daemon=True,
-                             args=(client_child, case, address, cpus[1], args.seconds,
-                                   args.warmup, args.max_count))
+        client = ctx.Process(
+            target=client_main,
+            name="echo-client",
+            daemon=True,
+            args=(client_child, case, address, cpus[1], args.seconds, args.warmup, args.max_count),
+        )
         client.start()
         client_child.close()
         deadline = time.monotonic() + budget
@@ -354,16 +377,19 @@ def _choose_cpus(no_pin: bool) -> tuple[tuple[int | None, int | None], str]:
     return (allowed[0], allowed[1]), f"server CPU {allowed[0]}, client CPU {allowed[1]}"
 
 
-def run_matrix(cases: list[Case], cpus: tuple[int | None, int | None],
-               args: argparse.Namespace) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def run_matrix(
+    cases: list[Case], cpus: tuple[int | None, int | None], args: argparse.Namespace
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run every case ``args.repeat`` times, interleaved; return (best per case, all runs)."""
     ctx = multiprocessing.get_context("spawn")
     runs: list[dict[str, Any]] = []
     best: dict[Case, dict[str, Any]] = {}
     for repeat in range(args.repeat):
         for case in cases:
-            progress = (f"[{len(runs) + 1}/{len(cases) * args.repeat}] {case.system} "
-                        f"{case.backend} {_fmt_size(case.size)}:")
+            progress = (
+                f"[{len(runs) + 1}/{len(cases) * args.repeat}] {case.system} "
+                f"{case.backend} {_fmt_size(case.size)}:"
+            )
             try:
                 result = run_case(ctx, case, cpus, args)
             except Exception as exc:
@@ -392,9 +418,11 @@ def _fmt_size(n: int) -> str:
 
 def format_table(results: list[dict[str, Any]]) -> str:
     """One row per case, then the anyio-comm / anyio-streams ratios."""
-    head = (f"{'system':<14}{'backend':<9}{'size':>7}{'conc':>5}{'rt/s':>10}{'us/rt':>10}"
-            f"{'MB/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'cli us/rt':>11}"
-            f"{'srv us/rt':>11}")
+    head = (
+        f"{'system':<14}{'backend':<9}{'size':>7}{'conc':>5}{'rt/s':>10}{'us/rt':>10}"
+        f"{'MB/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'cli us/rt':>11}"
+        f"{'srv us/rt':>11}"
+    )
     lines = [head, "-" * len(head)]
     for r in results:
         row = f"{r['system']:<14}{r['backend']:<9}{_fmt_size(r['size']):>7}{r['concurrency']:>5}"
@@ -407,8 +435,11 @@ def format_table(results: list[dict[str, Any]]) -> str:
             f"{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}{r['max_ms']:>9.3f}"
             f"{r['client_cpu_us_per_rt']:>11.1f}{'-' if srv is None else f'{srv:.1f}':>11}"
         )
-    ok = {(r["system"], r["backend"], r["size"], r["concurrency"]): r
-          for r in results if "error" not in r}
+    ok = {
+        (r["system"], r["backend"], r["size"], r["concurrency"]): r
+        for r in results
+        if "error" not in r
+    }
     ratios = [
         f"  {_fmt_size(size):>7} {backend:<8} conc {conc}: "
         f"{r['rps'] / ok[('anyio-streams', backend, size, conc)]['rps']:.2f}x"
@@ -459,23 +490,50 @@ def _positive_int(text: str) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.echo", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.echo",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add = parser.add_argument
-    add("--sizes", type=_csv(None, _positive_int), default=[1000, 10_000_000],
-        help="payload sizes in bytes (default: 1000,10000000)")
-    add("--backends", type=_csv(tuple(BACKENDS)), default=list(BACKENDS),
-        help="asyncio, uvloop and/or trio (default: all three)")
-    add("--systems", type=_csv(SYSTEMS), default=list(SYSTEMS),
-        help="anyio-comm and/or anyio-streams (default: both)")
-    add("--concurrency", type=_positive_int, default=1,
-        help="concurrent connections in the client (default: 1)")
+    add(
+        "--sizes",
+        type=_csv(None, _positive_int),
+        default=[1000, 10_000_000],
+        help="payload sizes in bytes (default: 1000,10000000)",
+    )
+    add(
+        "--backends",
+        type=_csv(tuple(BACKENDS)),
+        default=list(BACKENDS),
+        help="asyncio, uvloop and/or trio (default: all three)",
+    )
+    add(
+        "--systems",
+        type=_csv(SYSTEMS),
+        default=list(SYSTEMS),
+        help="anyio-comm and/or anyio-streams (default: both)",
+    )
+    add(
+        "--concurrency",
+        type=_positive_int,
+        default=1,
+        help="concurrent connections in the client (default: 1)",
+    )
     add("--seconds", type=float, default=2.0, help="measured seconds per case (default: 2)")
     add("--warmup", type=float, default=0.3, help="warm-up seconds per case (default: 0.3)")
-    add("--max-count", type=_positive_int, default=1_000_000,
-        help="most round trips measured per case (default: 1000000)")
-    add("--repeat", type=_positive_int, default=1,
-        help="run the whole matrix N times and keep the best rt/s per case (default: 1)")
+    add(
+        "--max-count",
+        type=_positive_int,
+        default=1_000_000,
+        help="most round trips measured per case (default: 1000000)",
+    )
+    add(
+        "--repeat",
+        type=_positive_int,
+        default=1,
+        help="run the whole matrix N times and keep the best rt/s per case (default: 1)",
+    )
     add("--no-pin", action="store_true", help="do not pin server and client to CPUs")
     add("--json", metavar="PATH", help="also write the results and metadata as JSON")
     args = parser.parse_args(argv)
@@ -493,16 +551,25 @@ def main(argv: list[str] | None = None) -> int:
             args.backends.remove(name)
     cpus, pinning = _choose_cpus(args.no_pin)
     versions = _versions()
-    print(f"anyio-comm echo benchmark: Python {platform.python_version()}, "
-          f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs; "
-          + ", ".join(f"{k} {v}" for k, v in versions.items() if v))
+    print(
+        f"anyio-comm echo benchmark: Python {platform.python_version()}, "
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs; "
+        + ", ".join(f"{k} {v}" for k, v in versions.items() if v)
+    )
     load_before = _loadavg()
     print(f"pinning: {pinning}; load average before: {load_before}")
-    print(f"{args.seconds:g} s per case after {args.warmup:g} s warm-up (at most "
-          f"{args.max_count:,} round trips), concurrency {args.concurrency}, "
-          f"repeat {args.repeat} (best rt/s kept)\n", flush=True)
-    cases = [Case(system, backend, size, args.concurrency)
-             for size in args.sizes for backend in args.backends for system in args.systems]
+    print(
+        f"{args.seconds:g} s per case after {args.warmup:g} s warm-up (at most "
+        f"{args.max_count:,} round trips), concurrency {args.concurrency}, "
+        f"repeat {args.repeat} (best rt/s kept)\n",
+        flush=True,
+    )
+    cases = [
+        Case(system, backend, size, args.concurrency)
+        for size in args.sizes
+        for backend in args.backends
+        for system in args.systems
+    ]
     results, runs = run_matrix(cases, cpus, args)
     print(format_table(results))
     if args.json:
@@ -510,10 +577,15 @@ def main(argv: list[str] | None = None) -> int:
         metadata = {
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "command": ["python", "-m", "benchmarks.echo", *command],
-            "python": sys.version, "executable": sys.executable,
-            "platform": platform.platform(), "cpu_count": os.cpu_count(),
-            "pinning": pinning, "server_cpu": cpus[0], "client_cpu": cpus[1],
-            "load_average_before": load_before, "load_average_after": _loadavg(),
+            "python": sys.version,
+            "executable": sys.executable,
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "pinning": pinning,
+            "server_cpu": cpus[0],
+            "client_cpu": cpus[1],
+            "load_average_before": load_before,
+            "load_average_after": _loadavg(),
             "versions": versions,
             "options": {k: v for k, v in vars(args).items() if k != "json"},
         }
