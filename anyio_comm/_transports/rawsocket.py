@@ -16,12 +16,23 @@ runs on asyncio, uvloop and trio:
   the socket with ``ClosedResourceError``), cancel any wait still pending, then
   ``sock.close()``.
 
+On asyncio and uvloop, :func:`anyio.wait_readable` registers the socket with
+the event loop and unregisters it after every wait: two ``epoll_ctl`` calls
+(and, on uvloop, a poll handle and an ``ioctl``) per message in a
+request/reply exchange, measured at 14 us per wait on uvloop against 1.7 us
+for a plain yield. :class:`_LoopReader` instead keeps the socket registered
+between waits, as asyncio's own transports do. Because the readiness
+notification is level-triggered, a registration that fires twice while no
+task waits (a consumer that stopped reading) is dropped, so an idle reader
+never spins the loop; the next wait registers again.
+
 The kernel's socket buffers are the only buffering: a peer that stops reading
 makes ``sendmsg`` return ``EAGAIN`` and our sender waits (backpressure).
 """
 
 from __future__ import annotations
 
+import asyncio
 import errno
 import os
 import socket
@@ -63,10 +74,71 @@ def _socket_address(family: int, address: Any) -> Any:
     return address
 
 
+class _LoopReader:
+    """Waits for readability with a registration kept across waits (asyncio only)."""
+
+    __slots__ = ("_fd", "_future", "_idle_wakeups", "_loop", "_registered")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        self._loop = loop
+        self._fd = fd
+        self._future: asyncio.Future[None] | None = None
+        self._registered = False
+        self._idle_wakeups = 0
+
+    def _on_readable(self) -> None:
+        future = self._future
+        if future is not None:
+            self._future = None
+            if not future.done():
+                future.set_result(None)
+        else:
+            self._idle_wakeups += 1
+            if self._idle_wakeups >= 2:
+                self.unregister()
+
+    async def wait(self) -> None:
+        """Return once the socket is readable (or :meth:`close` was called).
+
+        Raises:
+            NotImplementedError: the event loop has no ``add_reader``.
+        """
+        self._idle_wakeups = 0
+        future = self._future = self._loop.create_future()
+        if not self._registered:
+            self._loop.add_reader(self._fd, self._on_readable)
+            self._registered = True
+        try:
+            await future
+        finally:
+            if self._future is future:
+                self._future = None
+
+    def unregister(self) -> None:
+        if self._registered:
+            self._registered = False
+            self._loop.remove_reader(self._fd)
+
+    def close(self) -> None:
+        """Unregister and wake a waiting task."""
+        self.unregister()
+        future, self._future = self._future, None
+        if future is not None and not future.done():
+            future.set_result(None)
+
+
+def _loop_reader(sock: socket.socket) -> _LoopReader | None:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:  # trio
+        return None
+    return _LoopReader(loop, sock.fileno())
+
+
 class SocketTransport(Transport):
     """Byte transport over a connected stream socket that this object owns."""
 
-    __slots__ = ("_closed", "_recv_scope", "_send_scope", "_sock")
+    __slots__ = ("_closed", "_reader", "_recv_scope", "_send_scope", "_sock")
 
     def __init__(self, sock: socket.socket) -> None:
         super().__init__()
@@ -75,6 +147,7 @@ class SocketTransport(Transport):
         self._closed = False
         self._recv_scope: CancelScope | None = None
         self._send_scope: CancelScope | None = None
+        self._reader = _loop_reader(sock)
 
     @property
     def extra_attributes(self) -> Mapping[Any, Any]:
@@ -104,6 +177,15 @@ class SocketTransport(Transport):
 
     async def _wait(self, readable: bool) -> None:
         self.yielded = True
+        if readable and self._reader is not None:
+            try:
+                await self._reader.wait()
+            except NotImplementedError:  # e.g. the proactor loop on Windows
+                self._reader = None
+            else:
+                if self._closed:
+                    raise ClosedResourceError
+                return
         with CancelScope() as scope:
             if readable:
                 self._recv_scope = scope
@@ -186,6 +268,8 @@ class SocketTransport(Transport):
             return
         self._closed = True
         sock = self._sock
+        if self._reader is not None:
+            self._reader.close()
         if sock.fileno() >= 0:
             notify_closing(sock)
         for scope in (self._recv_scope, self._send_scope):
