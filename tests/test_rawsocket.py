@@ -1,0 +1,74 @@
+"""The socket transport's promises, observed on real sockets."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from anyio import wait_all_tasks_blocked
+
+from anyio_comm._transports.rawsocket import IOV_MAX, SocketTransport
+
+from .helpers import connected_pair
+
+
+async def test_large_frames_are_received_into_their_own_buffer() -> None:
+    allocated: list[bytearray] = []
+
+    def allocator(n: int) -> bytearray:
+        allocated.append(bytearray(n))
+        return allocated[-1]
+
+    async with connected_pair("tcp", allocator=allocator) as (client, server):
+        transport = server._transport
+        assert isinstance(transport, SocketTransport)
+        direct = 0
+        original = transport.receive_into
+
+        async def spy(buffer: memoryview) -> int:
+            nonlocal direct
+            n = await original(buffer)
+            if allocated and buffer.obj is allocated[-1]:
+                direct += n
+            return n
+
+        transport.receive_into = spy  # type: ignore[method-assign]
+        payload = bytes(range(256)) * 40_000  # 10 MB
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.send_frames, [payload])
+            (frame,) = await server.receive_frames()
+        assert frame.obj is allocated[-1]
+        assert frame == payload
+        # all but at most one read-ahead buffer's worth went straight into the frame
+        assert direct >= len(payload) - 65536
+
+
+async def test_more_buffers_than_iov_max_and_partial_sends() -> None:
+    frames = [bytes([i % 256]) * 3000 for i in range(IOV_MAX * 3 + 7)]
+    async with connected_pair("tcp") as (client, server):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.send_frames, frames)
+            received = await server.receive_frames()
+        assert [bytes(f) for f in received] == frames
+
+
+async def test_idle_reader_is_unregistered(anyio_backend_name: str) -> None:
+    if anyio_backend_name != "asyncio":
+        pytest.skip("the persistent reader registration is asyncio/uvloop only")
+    async with connected_pair("tcp") as (client, server):
+        transport = server._transport
+        assert isinstance(transport, SocketTransport)
+        reader = transport._reader
+        assert reader is not None
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(server.receive)
+            await wait_all_tasks_blocked()
+            assert reader._registered  # waiting: registered
+            await client.send("first")
+        assert reader._registered  # kept across waits
+        await client.send("nobody is receiving this yet")
+        with anyio.fail_after(5):  # a level-triggered wake-up with no waiter...
+            while reader._registered:  # ...drops the registration: no busy loop
+                await anyio.sleep(0.01)
+        assert await server.receive() == "nobody is receiving this yet"
+        await client.send("again")
+        assert await server.receive() == "again"
