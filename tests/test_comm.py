@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+
 import anyio
 import pytest
 from anyio import (
@@ -222,7 +224,10 @@ async def test_addresses_and_attributes(kind: str) -> None:
             assert client.local_address == server.peer_address
             _host, port = client.extra(SocketAttribute.remote_address)
             assert port == client.extra(SocketAttribute.remote_port)
-            assert client.extra(SocketAttribute.raw_socket).fileno() >= 0
+            for comm in (client, server):
+                sock = comm.extra(SocketAttribute.raw_socket)
+                assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY)
+                assert not sock.getblocking()
             assert client.peer_address.endswith(f":{port}")
         if kind == "unix":
             assert client.peer_address == server.local_address

@@ -291,3 +291,13 @@ async def test_many_concurrent_connections() -> None:
             async with anyio.create_task_group() as tg:
                 for i in range(100):
                     tg.start_soon(client, i)
+
+
+async def test_host_name_binds_every_address_on_one_port() -> None:
+    async with anyio_comm.listen("tcp://localhost:0", echo) as listener:
+        ports = {address.rsplit(":", 1)[1] for address in listener.addresses}
+        assert len(ports) == 1
+        for address in listener.addresses:
+            async with await anyio_comm.connect(address, timeout=5) as comm:
+                await comm.send(address)
+                assert await comm.receive() == address
