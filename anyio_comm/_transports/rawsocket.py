@@ -242,11 +242,7 @@ class SocketTransport(Transport):
                 raise self._translate(exc) from exc
             sent_any = True
             while sent:
-                size = (
-                    len(pending[first])
-                    if isinstance(pending[first], bytes)
-                    else (memoryview(pending[first]).nbytes)
-                )
+                size = memoryview(pending[first]).nbytes
                 if sent >= size:
                     sent -= size
                     first += 1

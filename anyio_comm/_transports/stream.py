@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
-from anyio import BrokenResourceError, ClosedResourceError, EndOfStream
+from anyio import ClosedResourceError, EndOfStream
 
 from .base import Transport
 
@@ -65,12 +65,9 @@ class StreamTransport(Transport):
         try:
             for buffer in buffers:
                 await self._stream.send(cast("bytes", buffer))
-        except (ClosedResourceError, BrokenResourceError):
-            self.send_interrupted = True
-            raise
         except BaseException:
             # We cannot know how much of the data an arbitrary stream has
-            # taken when it was cancelled, so assume the framing is lost.
+            # taken when it failed or was cancelled: assume the framing is lost.
             self.send_interrupted = True
             raise
 
