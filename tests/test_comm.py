@@ -119,6 +119,23 @@ async def test_close_wakes_blocked_receiver(kind: str) -> None:
                 await client.receive()
 
 
+async def test_close_wakes_blocked_sender(kind: str) -> None:
+    if kind == "anyio-tcp-stream":
+        pytest.skip("asyncio's transports may take every write into their own buffer")
+    async with connected_pair(kind) as (client, _server):
+        async with anyio.create_task_group() as tg:
+
+            async def close_when_blocked() -> None:
+                await wait_all_tasks_blocked()
+                await client.aclose()
+
+            tg.start_soon(close_when_blocked)
+            with anyio.fail_after(10), pytest.raises((ClosedResourceError, BrokenResourceError)):
+                while True:  # the peer does not read: some send blocks, then we close
+                    await client.send_frames([b"x" * 1_000_000])
+        assert client.closed
+
+
 async def test_concurrent_receive_and_send_are_busy(kind: str) -> None:
     async with connected_pair(kind) as (client, server):
         async with anyio.create_task_group() as tg:

@@ -72,3 +72,37 @@ async def test_idle_reader_is_unregistered(anyio_backend_name: str) -> None:
         assert await server.receive() == "nobody is receiving this yet"
         await client.send("again")
         assert await server.receive() == "again"
+
+
+async def test_loop_without_add_reader_falls_back(anyio_backend_name: str) -> None:
+    if anyio_backend_name != "asyncio":
+        pytest.skip("the fallback replaces the asyncio reader registration")
+
+    class NoAddReader:
+        """Stands in for a loop whose add_reader() raises, like Windows' proactor."""
+
+        async def wait(self) -> None:
+            raise NotImplementedError
+
+        def close(self) -> None:
+            pass
+
+    async with connected_pair("tcp") as (client, server):
+        transport = server._transport
+        assert isinstance(transport, SocketTransport)
+        assert transport._reader is not None
+        transport._reader.close()
+        transport._reader = NoAddReader()  # type: ignore[assignment]
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.send, "via the fallback")
+            assert await server.receive() == "via the fallback"
+        assert transport._reader is None
+        async with anyio.create_task_group() as tg:
+
+            async def close_when_blocked() -> None:
+                await wait_all_tasks_blocked()
+                await server.aclose()
+
+            tg.start_soon(close_when_blocked)
+            with anyio.fail_after(5), pytest.raises(anyio.ClosedResourceError):
+                await server.receive()

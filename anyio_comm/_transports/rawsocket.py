@@ -138,16 +138,16 @@ def _loop_reader(sock: socket.socket) -> _LoopReader | None:
 class SocketTransport(Transport):
     """Byte transport over a connected stream socket that this object owns."""
 
-    __slots__ = ("_closed", "_reader", "_recv_scope", "_send_scope", "_sock")
+    __slots__ = ("_closed", "_on_asyncio", "_reader", "_sock", "_wait_scopes")
 
     def __init__(self, sock: socket.socket) -> None:
         super().__init__()
         sock.setblocking(False)
         self._sock = sock
         self._closed = False
-        self._recv_scope: CancelScope | None = None
-        self._send_scope: CancelScope | None = None
+        self._wait_scopes: set[CancelScope] = set()
         self._reader = _loop_reader(sock)
+        self._on_asyncio = self._reader is not None
 
     @property
     def extra_attributes(self) -> Mapping[Any, Any]:
@@ -179,26 +179,27 @@ class SocketTransport(Transport):
         self.yielded = True
         if readable and self._reader is not None:
             try:
-                await self._reader.wait()
-            except NotImplementedError:  # e.g. the proactor loop on Windows
+                await self._reader.wait()  # abort() wakes it through reader.close()
+            except NotImplementedError:  # no add_reader (Windows' proactor loop)
                 self._reader = None
             else:
                 if self._closed:
                     raise ClosedResourceError
                 return
-        with CancelScope() as scope:
-            if readable:
-                self._recv_scope = scope
+        wait = wait_readable if readable else wait_writable
+        if not self._on_asyncio:
+            # trio: notify_closing() in abort() wakes this wait, whichever task
+            # is in it (ClosedResourceError).
+            await wait(self._sock)
+        else:
+            # asyncio: anyio's notify_closing() only finds waits registered in
+            # the calling task's context, so abort() also cancels this scope.
+            with CancelScope() as scope:
+                self._wait_scopes.add(scope)
                 try:
-                    await wait_readable(self._sock)
+                    await wait(self._sock)
                 finally:
-                    self._recv_scope = None
-            else:
-                self._send_scope = scope
-                try:
-                    await wait_writable(self._sock)
-                finally:
-                    self._send_scope = None
+                    self._wait_scopes.discard(scope)
         if self._closed:
             raise ClosedResourceError
 
@@ -268,9 +269,8 @@ class SocketTransport(Transport):
             self._reader.close()
         if sock.fileno() >= 0:
             notify_closing(sock)
-        for scope in (self._recv_scope, self._send_scope):
-            if scope is not None:
-                scope.cancel()
+        for scope in self._wait_scopes:
+            scope.cancel()
         sock.close()
 
     async def aclose(self) -> None:
