@@ -39,7 +39,7 @@ def tests(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def tests_asyncio_only(session: nox.Session) -> None:
     """Without the optional trio and uvloop extras: the core must not need them."""
-    session.install(".", "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100")
+    session.install(".", "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "trustme>=1.1")
     session.run("python", "-m", "pytest", "-p", "no:cacheprovider", "-q", *session.posargs)
 
 
@@ -68,5 +68,5 @@ def demo(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
     """A short run of the echo benchmark (anyio-comm vs plain AnyIO streams)."""
-    session.install(".[trio,uvloop]")
+    session.install(".[bench]")
     session.run("python", "-m", "benchmarks.echo", "--seconds", "1", *session.posargs)

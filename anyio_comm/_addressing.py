@@ -1,15 +1,16 @@
-"""Address strings: ``tcp://host:port``, ``unix:///path``, ``inproc://name``."""
+"""Address strings: ``tcp://host:port``, ``tls://host:port``, ``unix:///path``, ``inproc://name``."""
 
 from __future__ import annotations
 
 import ipaddress
 import socket
+import ssl
 from dataclasses import dataclass
 from typing import Any, Final
 
-__all__ = ["Address", "format_socket_address", "parse_address"]
+__all__ = ["Address", "check_tls_options", "format_socket_address", "parse_address"]
 
-SCHEMES: Final = ("tcp", "unix", "inproc")
+SCHEMES: Final = ("tcp", "tls", "unix", "inproc")
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,9 +18,9 @@ class Address:
     """A parsed address.
 
     Attributes:
-        scheme: ``"tcp"``, ``"unix"`` or ``"inproc"``.
-        host: TCP host (without IPv6 brackets), else ``""``.
-        port: TCP port, else 0.
+        scheme: ``"tcp"``, ``"tls"``, ``"unix"`` or ``"inproc"``.
+        host: TCP/TLS host (without IPv6 brackets), else ``""``.
+        port: TCP/TLS port, else 0.
         path: Unix socket path or inproc name, else ``""``.
     """
 
@@ -29,16 +30,16 @@ class Address:
     path: str = ""
 
     def __str__(self) -> str:
-        if self.scheme == "tcp":
-            return format_tcp(self.host, self.port)
+        if self.scheme in ("tcp", "tls"):
+            return format_tcp(self.host, self.port, self.scheme)
         return f"{self.scheme}://{self.path}"
 
 
-def format_tcp(host: str, port: int) -> str:
-    """Format a TCP address, bracketing IPv6 hosts."""
+def format_tcp(host: str, port: int, scheme: str = "tcp") -> str:
+    """Format a TCP (or TLS) address, bracketing IPv6 hosts."""
     if ":" in host:
-        return f"tcp://[{host}]:{port}"
-    return f"tcp://{host}:{port}"
+        return f"{scheme}://[{host}]:{port}"
+    return f"{scheme}://{host}:{port}"
 
 
 def parse_address(address: str) -> Address:
@@ -70,7 +71,7 @@ def parse_address(address: str) -> Address:
         if "\x00" in rest:
             raise ValueError(f"malformed address {address!r}")
         return Address("inproc", path=rest)
-    # tcp
+    # tcp, tls
     if rest.startswith("["):
         host, bracket, port_text = rest[1:].partition("]")
         if not bracket or not port_text.startswith(":"):
@@ -85,7 +86,7 @@ def parse_address(address: str) -> Address:
     else:
         host, colon, port_text = rest.rpartition(":")
         if not colon:
-            raise ValueError(f"malformed address {address!r}: expected tcp://host:port")
+            raise ValueError(f"malformed address {address!r}: expected {scheme}://host:port")
         if ":" in host:
             raise ValueError(
                 f"malformed address {address!r}: IPv6 hosts need brackets, tcp://[::1]:port"
@@ -94,13 +95,32 @@ def parse_address(address: str) -> Address:
         raise ValueError(f"malformed address {address!r}: bad host {host!r}")
     if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise ValueError(f"malformed address {address!r}: bad port {port_text!r}")
-    return Address("tcp", host=host, port=int(port_text))
+    return Address(scheme, host=host, port=int(port_text))
 
 
-def format_socket_address(family: int, address: Any) -> str:
+def check_tls_options(address: Address, ssl_context: ssl.SSLContext | None) -> None:
+    """Check that ``ssl_context`` is given exactly for ``tls://`` addresses.
+
+    Raises:
+        ValueError: a ``tls://`` address without ``ssl_context`` (never falls
+            back to plaintext), or an ``ssl_context`` for another scheme.
+        TypeError: ``ssl_context`` is not an ``ssl.SSLContext``.
+    """
+    if address.scheme == "tls":
+        if ssl_context is None:
+            raise ValueError(f"address {str(address)!r} is tls:// but no ssl_context was given")
+        if not isinstance(ssl_context, ssl.SSLContext):
+            raise TypeError(
+                f"ssl_context must be an ssl.SSLContext, not {type(ssl_context).__name__}"
+            )
+    elif ssl_context is not None:
+        raise ValueError(f"ssl_context was given for {str(address)!r}; TLS needs a tls:// address")
+
+
+def format_socket_address(family: int, address: Any, scheme: str = "tcp") -> str:
     """Format a ``getsockname()`` / ``getpeername()`` result as an address string."""
     if family in (socket.AF_INET, socket.AF_INET6):
-        return format_tcp(address[0], address[1])
+        return format_tcp(address[0], address[1], scheme)
     if isinstance(address, bytes):
         address = address.decode(errors="surrogateescape")
     return f"unix://{address}"

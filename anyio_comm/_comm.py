@@ -371,8 +371,10 @@ async def establish(
         RemoteProtocolError: the peer does not speak this protocol.
         anyio.BrokenResourceError: the connection failed or closed during
             the handshake.
+        ssl.SSLError: the TLS handshake failed (TLS transports only).
     """
     decoder = options.decoder()
+    await transport.handshake()
     await transport.send_all([encode_preamble(options.limits)])
     try:
         while (handshake := decoder.next_handshake()) is None:

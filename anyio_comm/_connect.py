@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 from anyio import wait_writable
 
-from ._addressing import format_socket_address, parse_address
+from ._addressing import check_tls_options, format_socket_address, parse_address
 from ._comm import Comm, establish
 from ._inproc import connect_inproc
 from ._options import make_options
@@ -17,12 +17,16 @@ from ._sansio.decoder import DEFAULT_READ_BUFFER_SIZE
 from ._sansio.serialization import DEFAULT_OOB_THRESHOLD
 from ._transports.rawsocket import SocketTransport
 from ._transports.stream import StreamTransport
+from ._transports.tls import TLSTransport
 
 if TYPE_CHECKING:
+    import ssl
+
     from anyio.abc import ByteStream
 
     from ._sansio.buffers import Allocator
     from ._sansio.wire import Limits
+    from ._transports.base import Transport
 
 __all__ = ["configure_socket", "connect", "from_stream", "open_socket"]
 
@@ -96,14 +100,17 @@ async def connect(
     allocator: Allocator | None = None,
     oob_threshold: int = DEFAULT_OOB_THRESHOLD,
     allow_pickle: bool = False,
+    ssl_context: ssl.SSLContext | None = None,
+    server_hostname: str | None = None,
 ) -> Comm:
     """Connect to ``address`` and complete the anyio-comm handshake.
 
     Args:
         address: ``tcp://host:port`` (``tcp://[::1]:port`` for IPv6),
-            ``unix:///path`` or ``inproc://name``.
-        timeout: seconds for connecting and the handshake together; ``None``
-            waits as long as the operating system does.
+            ``tls://host:port``, ``unix:///path`` or ``inproc://name``.
+        timeout: seconds for connecting and the handshakes (TLS and
+            anyio-comm) together; ``None`` waits as long as the operating
+            system does.
         limits: our receive limits, announced to the peer.
         read_buffer_size: size of the read-ahead buffer (>= 4096).
         allocator: allocates receive buffers, ``allocator(n)`` returning a
@@ -112,12 +119,19 @@ async def connect(
             out-of-band frames.
         allow_pickle: pickle what msgpack cannot encode and accept pickled
             data from the peer. Trusted peers only.
+        ssl_context: required for ``tls://`` (and only allowed there): the
+            client context, e.g. ``ssl.create_default_context(cafile=...)``.
+        server_hostname: the name to verify the server certificate against
+            (and to send as SNI); defaults to the address's host.
 
     Returns:
         The connected comm; close it with ``aclose()`` or ``async with``.
 
     Raises:
-        ValueError: malformed address, unknown scheme or invalid option.
+        ValueError: malformed address, unknown scheme, invalid option, or
+            ``ssl_context`` missing for ``tls://`` (or given for another scheme).
+        ssl.SSLError: the TLS handshake failed; ``ssl.SSLCertVerificationError``
+            for an untrusted or expired certificate or a hostname mismatch.
         TimeoutError: ``timeout`` expired.
         OSError: the name did not resolve or the connection was refused
             (``ConnectionRefusedError`` also for an ``inproc://`` name with
@@ -126,12 +140,13 @@ async def connect(
         anyio.BrokenResourceError: the connection failed during the handshake.
     """
     parsed = parse_address(address)
+    check_tls_options(parsed, ssl_context)
     options = make_options(limits, read_buffer_size, allocator, oob_threshold, allow_pickle)
     with anyio.fail_after(timeout):
         if parsed.scheme == "inproc":
             return await connect_inproc(parsed.path, options)
         sock = await open_socket(parsed.scheme, parsed.host, parsed.port, parsed.path)
-        transport = SocketTransport(sock)
+        transport: Transport = SocketTransport(sock)
         try:
             if parsed.scheme == "unix":
                 local, peer = "unix://", address
@@ -139,8 +154,15 @@ async def connect(
                 if name:
                     local = format_socket_address(sock.family, name)
             else:
-                local = format_socket_address(sock.family, sock.getsockname())
-                peer = format_socket_address(sock.family, sock.getpeername())
+                local = format_socket_address(sock.family, sock.getsockname(), parsed.scheme)
+                peer = format_socket_address(sock.family, sock.getpeername(), parsed.scheme)
+            if ssl_context is not None:
+                transport = TLSTransport(
+                    transport,
+                    ssl_context,
+                    server_side=False,
+                    server_hostname=server_hostname or parsed.host,
+                )
             return await establish(transport, options, local_address=local, peer_address=peer)
         except BaseException:
             transport.abort()

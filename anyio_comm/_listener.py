@@ -36,7 +36,13 @@ from anyio import (
     wait_readable,
 )
 
-from ._addressing import Address, format_socket_address, format_tcp, parse_address
+from ._addressing import (
+    Address,
+    check_tls_options,
+    format_socket_address,
+    format_tcp,
+    parse_address,
+)
 from ._comm import Comm, establish
 from ._compat import final
 from ._connect import configure_socket
@@ -47,8 +53,11 @@ from ._sansio.decoder import DEFAULT_READ_BUFFER_SIZE
 from ._sansio.serialization import DEFAULT_OOB_THRESHOLD
 from ._transports.rawsocket import SocketTransport
 from ._transports.stream import StreamTransport
+from ._transports.tls import TLSTransport
 
 if TYPE_CHECKING:
+    import ssl
+
     from anyio.abc import TaskGroup, TaskStatus
 
     from ._sansio.buffers import Allocator
@@ -163,10 +172,13 @@ class _Server:
         handler: Handler,
         options: CommOptions,
         handshake_timeout: float,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
         self.handler = handler
         self.options = options
         self.handshake_timeout = handshake_timeout
+        self.ssl_context = ssl_context
+        self.scheme = "tls" if ssl_context is not None else "tcp"
         self.task_group: TaskGroup | None = None
         self.listener = Listener([])
 
@@ -202,13 +214,16 @@ class _Server:
     def start_socket_connection(self, conn: socket.socket) -> None:
         try:
             configure_socket(conn)
-            local = format_socket_address(conn.family, conn.getsockname())
-            peer = format_socket_address(conn.family, conn.getpeername())
+            local = format_socket_address(conn.family, conn.getsockname(), self.scheme)
+            peer = format_socket_address(conn.family, conn.getpeername(), self.scheme)
         except OSError as exc:  # reset before we got to it
             logger.debug("dropping connection: %s", exc)
             conn.close()
             return
-        self._spawn(SocketTransport(conn), local, peer)
+        transport: Transport = SocketTransport(conn)
+        if self.ssl_context is not None:
+            transport = TLSTransport(transport, self.ssl_context, server_side=True)
+        self._spawn(transport, local, peer)
 
     def start_inproc_connection(self, stream: MemoryByteStream, peer: str) -> None:
         self._spawn(StreamTransport(stream), self.listener.address, peer)
@@ -264,6 +279,7 @@ async def listen(
     allocator: Allocator | None = None,
     oob_threshold: int = DEFAULT_OOB_THRESHOLD,
     allow_pickle: bool = False,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> AsyncIterator[Listener]:
     """Listen on ``address``; run ``await handler(comm)`` for each connection.
 
@@ -275,11 +291,15 @@ async def listen(
 
     Args:
         address: ``tcp://host:port`` (port 0 picks a free port; a host name may
-            bind several addresses), ``unix:///path`` or ``inproc://name``
-            (``inproc://`` alone picks a fresh name).
+            bind several addresses), ``tls://host:port``, ``unix:///path`` or
+            ``inproc://name`` (``inproc://`` alone picks a fresh name).
         handler: ``async def handler(comm: Comm)``.
         handshake_timeout: seconds a new connection has to complete the
-            handshake before it is dropped.
+            handshakes (TLS and anyio-comm) before it is dropped.
+        ssl_context: required for ``tls://`` (and only allowed there): the
+            server context, e.g. ``ssl.create_default_context(
+            ssl.Purpose.CLIENT_AUTH)`` with ``load_cert_chain(...)``; set its
+            ``verify_mode = ssl.CERT_REQUIRED`` for mutual TLS.
         backlog: ``listen()`` backlog for socket addresses.
         limits, read_buffer_size, allocator, oob_threshold, allow_pickle: per
             connection, as in :func:`connect`.
@@ -288,11 +308,13 @@ async def listen(
         The :class:`Listener`; ``listener.address`` is the contact address.
 
     Raises:
-        ValueError: malformed address, unknown scheme or invalid option.
+        ValueError: malformed address, unknown scheme, invalid option, or
+            ``ssl_context`` missing for ``tls://`` (or given for another scheme).
         TypeError: ``handler`` is not callable.
         OSError: the address could not be bound (in use, permission, ...).
     """
     parsed: Address = parse_address(address)
+    check_tls_options(parsed, ssl_context)
     if not callable(handler):
         raise TypeError("handler must be an async callable taking a Comm")
     if handshake_timeout <= 0:
@@ -305,15 +327,17 @@ async def listen(
     body_error: Exception | None = None
     try:
         # Bind before the task group exists, so errors are raised as they are.
-        if parsed.scheme == "tcp":
+        if parsed.scheme in ("tcp", "tls"):
             sockets = await _bind_tcp(parsed.host, parsed.port, backlog)
-            addresses = [format_tcp(*s.getsockname()[:2]) for s in sockets]
+            addresses = [
+                format_tcp(s.getsockname()[0], s.getsockname()[1], parsed.scheme) for s in sockets
+            ]
         elif parsed.scheme == "unix":
             sockets = [_bind_unix(parsed.path, backlog)]
             unix_path = parsed.path
             inode = os.stat(unix_path).st_ino
             addresses = [f"unix://{parsed.path}"]
-        server = _Server(handler, options, handshake_timeout)
+        server = _Server(handler, options, handshake_timeout, ssl_context)
         if parsed.scheme == "inproc":
             inproc_name = register(parsed.path, server.start_inproc_connection)
             addresses = [f"inproc://{inproc_name}"]
@@ -349,6 +373,7 @@ async def serve(
     allocator: Allocator | None = None,
     oob_threshold: int = DEFAULT_OOB_THRESHOLD,
     allow_pickle: bool = False,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> NoReturn:
     """Run a listener until cancelled; made for :meth:`anyio.abc.TaskGroup.start`.
 
@@ -366,6 +391,7 @@ async def serve(
         allocator=allocator,
         oob_threshold=oob_threshold,
         allow_pickle=allow_pickle,
+        ssl_context=ssl_context,
     ) as listener:
         task_status.started(listener)
         await anyio.sleep_forever()

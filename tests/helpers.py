@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import ssl
 import tempfile
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -15,6 +16,7 @@ import anyio_comm
 from anyio_comm import Comm
 from anyio_comm.testing import comm_pair
 
+from .certs import client_context, server_context
 from .conftest import HAVE_IPV6, HAVE_UNIX
 
 if TYPE_CHECKING:
@@ -28,9 +30,12 @@ TRANSPORTS = [
     "inproc",
     "memory",
     "anyio-tcp-stream",
+    "tls1.2",
+    "tls1.3",
 ]
-#: the subset that goes through connect()/listen() with an address
+#: the subset that goes through connect()/listen() with a plain address
 ADDRESS_TRANSPORTS = TRANSPORTS[:4]
+TLS_VERSIONS = {"tls1.2": ssl.TLSVersion.TLSv1_2, "tls1.3": ssl.TLSVersion.TLSv1_3}
 
 
 @asynccontextmanager
@@ -48,7 +53,13 @@ async def listen_address(kind: str) -> AsyncIterator[str]:
         async with temp_unix_address() as address:
             yield address
         return
-    yield {"tcp": "tcp://127.0.0.1:0", "tcp6": "tcp://[::1]:0", "inproc": "inproc://"}[kind]
+    yield {
+        "tcp": "tcp://127.0.0.1:0",
+        "tcp6": "tcp://[::1]:0",
+        "inproc": "inproc://",
+        "tls1.2": "tls://127.0.0.1:0",
+        "tls1.3": "tls://127.0.0.1:0",
+    }[kind]
 
 
 @asynccontextmanager
@@ -89,9 +100,14 @@ async def connected_pair(kind: str, **options: Any) -> AsyncIterator[tuple[Comm,
         await send.send(comm)
         await done.wait()
 
+    server_options = dict(options)
+    client_options = dict(options)
+    if kind in TLS_VERSIONS:
+        server_options["ssl_context"] = server_context(TLS_VERSIONS[kind])
+        client_options["ssl_context"] = client_context(TLS_VERSIONS[kind])
     async with send, receive, listen_address(kind) as address:
-        async with anyio_comm.listen(address, handler, **options) as listener:
-            client = await anyio_comm.connect(listener.address, timeout=10, **options)
+        async with anyio_comm.listen(address, handler, **server_options) as listener:
+            client = await anyio_comm.connect(listener.address, timeout=10, **client_options)
             with anyio.fail_after(10):
                 server = await receive.receive()
             try:

@@ -166,8 +166,16 @@ async def test_cancelled_receive_can_be_retried(kind: str) -> None:
 
 async def test_send_cancelled_mid_message_breaks_the_comm(kind: str) -> None:
     async with connected_pair(kind) as (client, server):
-        with anyio.move_on_after(0.3) as scope:
-            await client.send_frames([b"x" * 100_000_000])  # the peer does not read
+        scope = anyio.CancelScope()
+
+        async def send_big() -> None:
+            with scope:
+                await client.send_frames([b"x" * 100_000_000])  # the peer does not read
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_big)
+            await wait_all_tasks_blocked()  # the sender is blocked mid-message
+            scope.cancel()
         if not scope.cancelled_caught and kind == "anyio-tcp-stream":
             pytest.skip("the asyncio transport buffered the whole write")
         assert scope.cancelled_caught

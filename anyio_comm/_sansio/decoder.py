@@ -241,9 +241,12 @@ class FrameDecoder:
         avail = self._end - start
         head = self._view[start : start + min(avail, len(MAGIC))]
         if head != MAGIC[: head.nbytes]:
+            hint = ""
+            if head.nbytes >= 2 and head[0] in (0x15, 0x16) and head[1] == 0x03:
+                hint = "; it looks like TLS: use a tls:// address and an ssl_context"
             raise RemoteProtocolError(
                 "peer does not speak the anyio-comm protocol (bad magic: "
-                f"{_describe(self._view[start : self._end])})"
+                f"{_describe(self._view[start : self._end])}{hint})"
             )
         if avail < PREAMBLE_FIXED_SIZE:
             self._check_eof("the connection preamble")

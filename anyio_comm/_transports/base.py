@@ -38,6 +38,9 @@ class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
         self.yielded = False
         self.send_interrupted = False
 
+    async def handshake(self) -> None:
+        """Run the transport's own handshake, if any (TLS); a no-op by default."""
+
     @abstractmethod
     async def receive_into(self, buffer: memoryview) -> int:
         """Receive up to ``len(buffer)`` bytes into ``buffer``.

@@ -1,0 +1,235 @@
+"""TLS over any transport with ``ssl.SSLObject`` and two ``MemoryBIO`` buffers.
+
+Theory of operation
+-------------------
+``ssl.SSLObject`` is OpenSSL without I/O: ciphertext goes in through the
+*incoming* BIO and comes out of the *outgoing* BIO; we move it with the inner
+transport (normally the raw socket transport). Compared with asyncio's SSL
+protocol or a non-blocking ``SSLSocket``, this keeps our own receive path:
+
+* receive: ``SSLObject.read(n, buffer)`` decrypts straight into the buffer the
+  decoder hands out, which for a large frame is the frame's own buffer. Only
+  when OpenSSL needs more ciphertext do we ``receive_into`` one large reused
+  buffer (256 KiB) and feed it to the incoming BIO.
+* send: the plaintext buffers are encrypted in slices of at most 256 KiB and
+  the ciphertext is flushed to the inner transport after each slice, so a
+  10 MB message is never held twice in memory and goes out in a few large
+  writes.
+* end of stream: the peer's ``close_notify`` is a clean EOF; a TCP close
+  without it (ragged EOF) is :exc:`anyio.BrokenResourceError`, so a
+  truncation by an attacker is never mistaken for the end of the stream.
+  ``send_eof()`` sends ``close_notify`` and keeps reading (TLS half-close).
+  ``aclose()`` sends ``close_notify`` if it can within 0.1 s, then closes;
+  while another task is in the middle of a send it closes abruptly instead.
+
+Reading and sending may run in two tasks at once (the comm guards each
+direction): each touches only its own BIO, and ``SSLObject`` calls never
+await. Records OpenSSL produces while reading (a TLS 1.3 KeyUpdate reply) wait
+in the outgoing BIO for the next send.
+
+Errors: a failed handshake raises the ``ssl.SSLError`` itself (for an
+untrusted or expired certificate or a hostname mismatch,
+``ssl.SSLCertVerificationError``); a TLS error after the handshake (an alert
+from the peer, a bad record) is :exc:`anyio.BrokenResourceError` caused by
+the ``ssl.SSLError``.
+"""
+
+from __future__ import annotations
+
+import ssl
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio
+from anyio import BrokenResourceError, CancelScope, ClosedResourceError
+from anyio.streams.tls import TLSAttribute
+
+from .base import Transport
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
+    from .._sansio._buffer import Buffer
+
+__all__ = ["TLSTransport"]
+
+#: ciphertext received per system call at most, and plaintext encrypted per flush
+CHUNK: Final = 256 * 1024
+CLOSE_NOTIFY_TIMEOUT: Final = 0.1
+
+
+class TLSTransport(Transport):
+    """A TLS connection over ``inner``, which this transport owns."""
+
+    __slots__ = (
+        "_cipher",
+        "_closed",
+        "_incoming",
+        "_inner",
+        "_outgoing",
+        "_sending",
+        "_ssl",
+    )
+
+    def __init__(
+        self,
+        inner: Transport,
+        context: ssl.SSLContext,
+        *,
+        server_side: bool,
+        server_hostname: str | None = None,
+    ) -> None:
+        super().__init__()
+        self._inner = inner
+        self._incoming = ssl.MemoryBIO()
+        self._outgoing = ssl.MemoryBIO()
+        self._ssl = context.wrap_bio(
+            self._incoming,
+            self._outgoing,
+            server_side=server_side,
+            server_hostname=server_hostname,
+        )
+        self._cipher = memoryview(bytearray(CHUNK))
+        self._closed = False
+        self._sending = False
+
+    @property
+    def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
+        sslobj = self._ssl
+        return {
+            **self._inner.extra_attributes,
+            TLSAttribute.alpn_protocol: sslobj.selected_alpn_protocol,
+            TLSAttribute.channel_binding_tls_unique: sslobj.get_channel_binding,
+            TLSAttribute.cipher: sslobj.cipher,
+            TLSAttribute.peer_certificate: lambda: sslobj.getpeercert(False),
+            TLSAttribute.peer_certificate_binary: lambda: sslobj.getpeercert(True),
+            TLSAttribute.server_side: lambda: sslobj.server_side,
+            TLSAttribute.shared_ciphers: lambda: (
+                sslobj.shared_ciphers() if sslobj.server_side else None
+            ),
+            TLSAttribute.standard_compatible: lambda: True,
+            TLSAttribute.ssl_object: lambda: sslobj,
+            TLSAttribute.tls_version: sslobj.version,
+        }
+
+    # -- moving ciphertext -------------------------------------------------
+
+    async def _fill(self) -> None:
+        """Receive ciphertext into the incoming BIO (EOF included)."""
+        inner = self._inner
+        inner.yielded = False
+        n = await inner.receive_into(self._cipher)
+        self.yielded |= inner.yielded
+        if n:
+            self._incoming.write(self._cipher[:n])
+        else:
+            self._incoming.write_eof()
+
+    async def _flush(self) -> None:
+        """Send whatever ciphertext the outgoing BIO holds."""
+        if self._outgoing.pending:
+            inner = self._inner
+            inner.yielded = False
+            await inner.send_all([self._outgoing.read()])
+            self.yielded |= inner.yielded
+
+    # -- Transport ---------------------------------------------------------
+
+    async def handshake(self) -> None:
+        """Run the TLS handshake.
+
+        Raises:
+            ssl.SSLError: the handshake failed (``ssl.SSLCertVerificationError``
+                for certificate problems; ``ssl.SSLEOFError`` when the peer
+                closed during the handshake).
+            anyio.BrokenResourceError: the connection failed.
+        """
+        while True:
+            try:
+                self._ssl.do_handshake()
+            except ssl.SSLWantReadError:
+                await self._flush()
+                await self._fill()
+            else:
+                break
+        await self._flush()
+
+    async def receive_into(self, buffer: memoryview) -> int:
+        sslobj = self._ssl
+        nbytes = buffer.nbytes
+        while True:
+            if self._closed:
+                raise ClosedResourceError
+            try:
+                # with a buffer, read() returns a count (typeshed says bytes)
+                return sslobj.read(nbytes, buffer)  # type: ignore[return-value]
+            except ssl.SSLWantReadError:
+                pass
+            except ssl.SSLZeroReturnError:
+                return 0  # close_notify: a clean end of stream
+            except ssl.SSLEOFError as exc:
+                raise BrokenResourceError("TLS connection closed without close_notify") from exc
+            except ssl.SSLError as exc:
+                raise BrokenResourceError(f"TLS error: {exc}") from exc
+            await self._fill()
+
+    async def send_all(self, buffers: Sequence[Buffer]) -> None:
+        if self._closed:
+            raise ClosedResourceError
+        sslobj = self._ssl
+        encrypted = False
+        self._sending = True
+        try:
+            for buffer in buffers:
+                view = memoryview(buffer).cast("B")
+                for offset in range(0, view.nbytes, CHUNK):
+                    sslobj.write(view[offset : offset + CHUNK])
+                    encrypted = True
+                    await self._flush()
+            await self._flush()  # records a read produced, if nothing else
+        except ssl.SSLError as exc:
+            self.send_interrupted = True
+            raise BrokenResourceError(f"TLS error: {exc}") from exc
+        except BaseException:
+            # Ciphertext may be half-sent, or encrypted but unsent: the record
+            # sequence (and our framing) cannot be resumed.
+            if encrypted or self._inner.send_interrupted:
+                self.send_interrupted = True
+            raise
+        finally:
+            self._sending = False
+
+    async def send_eof(self) -> None:
+        if self._closed:
+            raise ClosedResourceError
+        try:
+            self._ssl.unwrap()
+        except ssl.SSLWantReadError:
+            pass  # our close_notify is out; the peer's is not needed to go on reading
+        except ssl.SSLError as exc:
+            raise BrokenResourceError(f"TLS error: {exc}") from exc
+        await self._flush()
+
+    def abort(self) -> None:
+        self._closed = True
+        self._inner.abort()
+
+    async def aclose(self) -> None:
+        if self._sending:
+            # Another task is in the middle of writing a message: a close_notify
+            # now would interleave with its records. Close abruptly instead; the
+            # peer sees a broken connection, which is what a half-sent message is.
+            self.abort()
+        if not self._closed:
+            self._closed = True
+            try:
+                self._ssl.unwrap()
+            except ssl.SSLError:
+                pass
+            if self._outgoing.pending:
+                with CancelScope(shield=True) as scope:
+                    scope.deadline = anyio.current_time() + CLOSE_NOTIFY_TIMEOUT
+                    try:
+                        await self._inner.send_all([self._outgoing.read()])
+                    except (BrokenResourceError, ClosedResourceError):
+                        pass
+        await self._inner.aclose()
