@@ -1,0 +1,402 @@
+"""tls:// addresses: option checks, verification failures, mTLS, attributes, ragged EOF.
+
+Every test runs on TLS 1.2 and TLS 1.3 (the ``tls_version`` fixture) and, through
+``anyio_backend``, on asyncio, uvloop and trio.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import ssl
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pytest
+from anyio import BrokenResourceError, EndOfStream
+from anyio.abc import SocketAttribute
+from anyio.streams.buffered import BufferedByteReceiveStream
+from anyio.streams.tls import TLSAttribute, TLSStream
+
+import anyio_comm
+from anyio_comm import Comm, Limits, RemoteProtocolError
+from anyio_comm._sansio.wire import encode_preamble
+
+from .certs import client_context, expired_server_cert, server_cert, server_context
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from _pytest.logging import LogCaptureFixture
+
+PREAMBLE_SIZE = 32  # encode_preamble(Limits()) on the wire
+
+
+@pytest.fixture(params=[ssl.TLSVersion.TLSv1_2, ssl.TLSVersion.TLSv1_3], ids=["tls1.2", "tls1.3"])
+def tls_version(request: pytest.FixtureRequest) -> ssl.TLSVersion:
+    return request.param  # type: ignore[no-any-return]
+
+
+async def echo(comm: Comm) -> None:
+    async for message in comm:
+        await comm.send(message)
+
+
+def port_of(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+async def assert_round_trip(address: str, ctx: ssl.SSLContext, **kwargs: Any) -> None:
+    """A correct client connects to the echo listener at ``address`` and gets its message back."""
+    with anyio.fail_after(10):
+        async with await anyio_comm.connect(
+            address, ssl_context=ctx, timeout=10, **kwargs
+        ) as comm:
+            await comm.send({"still": "serving"})
+            assert await comm.receive() == {"still": "serving"}
+
+
+async def wait_for_debug_log(caplog: LogCaptureFixture) -> None:
+    """The listener logged the dropped connection at DEBUG on ``anyio_comm``, and nothing worse."""
+    with anyio.fail_after(5):
+        while not any(
+            r.name == "anyio_comm" and r.levelno == logging.DEBUG for r in caplog.records
+        ):
+            await anyio.sleep(0.01)
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+
+
+@asynccontextmanager
+async def tls_pair(
+    server_ctx: ssl.SSLContext, client_ctx: ssl.SSLContext, **connect_kwargs: Any
+) -> AsyncIterator[tuple[Comm, Comm]]:
+    """Yield ``(client, server)`` comms connected over ``tls://127.0.0.1``."""
+    send, receive = anyio.create_memory_object_stream[Comm](1)
+    done = anyio.Event()
+
+    async def handler(comm: Comm) -> None:
+        await send.send(comm)
+        await done.wait()
+
+    async with send, receive:
+        async with anyio_comm.listen("tls://127.0.0.1:0", handler, ssl_context=server_ctx) as lst:
+            assert lst.address.startswith("tls://127.0.0.1:") and port_of(lst.address) != 0
+            client = await anyio_comm.connect(
+                lst.address, ssl_context=client_ctx, timeout=10, **connect_kwargs
+            )
+            try:
+                async with client:
+                    with anyio.fail_after(10):
+                        server = await receive.receive()
+                    yield client, server
+            finally:
+                done.set()
+
+
+# --- options -----------------------------------------------------------------------------
+
+
+async def test_tls_without_ssl_context_is_a_value_error(tls_version: ssl.TLSVersion) -> None:
+    """No silent fallback to a default context: connect and listen both refuse."""
+    with pytest.raises(ValueError, match="ssl_context"):
+        await anyio_comm.connect("tls://127.0.0.1:1", timeout=5)
+    with pytest.raises(ValueError, match="ssl_context"):
+        async with anyio_comm.listen("tls://127.0.0.1:0", echo):
+            pass
+
+
+@pytest.mark.parametrize(
+    ("connect_address", "listen_address"),
+    [
+        ("tcp://127.0.0.1:1", "tcp://127.0.0.1:0"),
+        ("unix:///tmp/acomm-nobody.sock", "unix:///tmp/acomm-nobody.sock"),
+        ("inproc://nobody", "inproc://"),
+    ],
+    ids=["tcp", "unix", "inproc"],
+)
+async def test_ssl_context_with_a_plaintext_scheme_is_a_value_error(
+    tls_version: ssl.TLSVersion, connect_address: str, listen_address: str
+) -> None:
+    """Refused up front: nobody listens at these addresses, so no other error can come first."""
+    with pytest.raises(ValueError):
+        await anyio_comm.connect(
+            connect_address, ssl_context=client_context(tls_version), timeout=5
+        )
+    with pytest.raises(ValueError):
+        async with anyio_comm.listen(
+            listen_address, echo, ssl_context=server_context(tls_version)
+        ):
+            pass
+
+
+# --- working connections -----------------------------------------------------------------
+
+
+async def test_round_trip_and_tls_attributes_on_both_sides(tls_version: ssl.TLSVersion) -> None:
+    """comm.extra() answers TLSAttribute and SocketAttribute on the client and the server."""
+    expected_version = {ssl.TLSVersion.TLSv1_2: "TLSv1.2", ssl.TLSVersion.TLSv1_3: "TLSv1.3"}
+    server_der = ssl.PEM_cert_to_DER_cert(server_cert().cert_chain_pems[0].bytes().decode())
+    async with tls_pair(server_context(tls_version), client_context(tls_version)) as pair:
+        client, server = pair
+        with anyio.fail_after(10):
+            await client.send({"hello": [1, 2, 3]})
+            assert await server.receive() == {"hello": [1, 2, 3]}
+            await server.send(b"back")
+            assert await client.receive() == b"back"
+
+        for comm, server_side in ((client, False), (server, True)):
+            assert comm.extra(TLSAttribute.server_side) is server_side
+            assert comm.extra(TLSAttribute.tls_version) == expected_version[tls_version]
+            cipher = comm.extra(TLSAttribute.cipher)
+            assert isinstance(cipher, tuple) and len(cipher) == 3
+            assert comm.extra(TLSAttribute.alpn_protocol) is None
+            ssl_object = comm.extra(TLSAttribute.ssl_object)
+            assert isinstance(ssl_object, (ssl.SSLObject, ssl.SSLSocket))
+            assert ssl_object.version() == expected_version[tls_version]
+        assert client.extra(TLSAttribute.cipher) == server.extra(TLSAttribute.cipher)
+
+        # the client sees the server's certificate
+        peer_cert = client.extra(TLSAttribute.peer_certificate)
+        assert ("DNS", "localhost") in peer_cert["subjectAltName"]
+        assert client.extra(TLSAttribute.peer_certificate_binary) == server_der
+
+        # socket attributes still describe the TCP connection under TLS
+        assert client.extra(SocketAttribute.remote_port) == port_of(client.peer_address)
+        assert server.extra(SocketAttribute.remote_port) == client.extra(
+            SocketAttribute.local_port
+        )
+
+
+async def test_alpn_protocol_is_negotiated_when_both_sides_ask(
+    tls_version: ssl.TLSVersion,
+) -> None:
+    server_ctx, client_ctx = server_context(tls_version), client_context(tls_version)
+    server_ctx.set_alpn_protocols(["acomm"])
+    client_ctx.set_alpn_protocols(["acomm"])
+    async with tls_pair(server_ctx, client_ctx) as (client, server):
+        assert client.extra(TLSAttribute.alpn_protocol) == "acomm"
+        assert server.extra(TLSAttribute.alpn_protocol) == "acomm"
+
+
+async def test_20mb_memoryview_round_trips_intact(tls_version: ssl.TLSVersion) -> None:
+    """An out-of-band frame far larger than any TLS record or read buffer survives both ways."""
+    payload = memoryview(bytes(range(256)) * (20 * 1024 * 1024 // 256))
+    async with anyio_comm.listen(
+        "tls://127.0.0.1:0", echo, ssl_context=server_context(tls_version)
+    ) as listener:
+        with anyio.fail_after(30):
+            async with await anyio_comm.connect(
+                listener.address, ssl_context=client_context(tls_version), timeout=10
+            ) as comm:
+                await comm.send({"data": payload, "n": 1})
+                reply = await comm.receive()
+    assert reply["n"] == 1
+    assert len(reply["data"]) == len(payload) and reply["data"] == payload
+
+
+async def test_mutual_tls_server_sees_client_certificate_via_serve(
+    tls_version: ssl.TLSVersion,
+) -> None:
+    """CERT_REQUIRED on the listener: the handler's comm carries the client's certificate."""
+    server_ctx = server_context(tls_version, require_client_cert=True)
+    seen: list[Any] = []
+
+    async def handler(comm: Comm) -> None:
+        seen.append(comm.extra(TLSAttribute.peer_certificate))
+        seen.append(comm.extra(TLSAttribute.peer_certificate_binary))
+        await echo(comm)
+
+    async with anyio.create_task_group() as tg:
+        start = functools.partial(anyio_comm.serve, ssl_context=server_ctx)
+        listener = await tg.start(start, "tls://127.0.0.1:0", handler)
+        await assert_round_trip(listener.address, client_context(tls_version, with_cert=True))
+        tg.cancel_scope.cancel()
+    client_cert, client_der = seen
+    assert ("email", "client@example.org") in client_cert["subjectAltName"]
+    assert isinstance(client_der, bytes) and client_der
+
+
+async def test_server_hostname_and_check_hostname(tls_version: ssl.TLSVersion) -> None:
+    """Verification uses the address host unless server_hostname or the context say otherwise."""
+    server_ctx = server_context(tls_version, cert=server_cert("localhost"))
+    async with anyio_comm.listen("tls://127.0.0.1:0", echo, ssl_context=server_ctx) as listener:
+        port = port_of(listener.address)
+        with anyio.fail_after(10), pytest.raises(ssl.SSLCertVerificationError):
+            await anyio_comm.connect(
+                listener.address, ssl_context=client_context(tls_version), timeout=10
+            )
+        await assert_round_trip(f"tls://localhost:{port}", client_context(tls_version))
+        await assert_round_trip(
+            listener.address, client_context(tls_version), server_hostname="localhost"
+        )
+        no_hostname_check = client_context(tls_version)
+        no_hostname_check.check_hostname = False
+        await assert_round_trip(listener.address, no_hostname_check)
+
+
+# --- failing connections: the client gets an error, the listener keeps serving -------------
+
+
+def _no_verification(version: ssl.TLSVersion) -> ssl.SSLContext:
+    ctx = client_context(version)
+    ctx.check_hostname = False
+    ctx.verify_mode = ssl.CERT_NONE
+    return ctx
+
+
+@pytest.mark.parametrize("case", ["untrusted-ca", "hostname-mismatch", "expired"])
+async def test_certificate_verification_failures(
+    tls_version: ssl.TLSVersion, case: str, caplog: LogCaptureFixture
+) -> None:
+    """connect raises SSLCertVerificationError; the listener drops that connection only."""
+    caplog.set_level(logging.DEBUG, logger="anyio_comm")
+    cert = {
+        "untrusted-ca": server_cert(),
+        "hostname-mismatch": server_cert("example.org"),
+        "expired": expired_server_cert(),
+    }[case]
+    bad_client = client_context(tls_version, trust=(case != "untrusted-ca"))
+    good_client, good_kwargs = client_context(tls_version), {}
+    if case == "hostname-mismatch":
+        good_kwargs = {"server_hostname": "example.org"}
+    elif case == "expired":
+        good_client = _no_verification(tls_version)
+
+    server_ctx = server_context(tls_version, cert=cert)
+    async with anyio_comm.listen("tls://127.0.0.1:0", echo, ssl_context=server_ctx) as listener:
+        with anyio.fail_after(10), pytest.raises(ssl.SSLCertVerificationError):
+            await anyio_comm.connect(listener.address, ssl_context=bad_client, timeout=10)
+        await wait_for_debug_log(caplog)
+        await assert_round_trip(listener.address, good_client, **good_kwargs)
+
+
+async def test_missing_client_certificate_under_mutual_tls(
+    tls_version: ssl.TLSVersion, caplog: LogCaptureFixture
+) -> None:
+    """SSLError from connect (TLS 1.2), or a BrokenResourceError caused by one (TLS 1.3)."""
+    caplog.set_level(logging.DEBUG, logger="anyio_comm")
+    server_ctx = server_context(tls_version, require_client_cert=True)
+    async with anyio_comm.listen("tls://127.0.0.1:0", echo, ssl_context=server_ctx) as listener:
+        with anyio.fail_after(10), pytest.raises((ssl.SSLError, BrokenResourceError)) as info:
+            # TLS 1.3: the server's alert arrives after the client finished its handshake
+            async with await anyio_comm.connect(
+                listener.address, ssl_context=client_context(tls_version), timeout=10
+            ) as comm:
+                await comm.receive()
+        if isinstance(info.value, BrokenResourceError):
+            assert isinstance(info.value.__cause__, ssl.SSLError)
+        await wait_for_debug_log(caplog)
+        await assert_round_trip(listener.address, client_context(tls_version, with_cert=True))
+
+
+async def test_tls_client_against_plaintext_listener(tls_version: ssl.TLSVersion) -> None:
+    """The plaintext preamble is not a TLS record: SSLError; the tcp:// listener keeps serving."""
+    async with anyio_comm.listen("tcp://127.0.0.1:0", echo) as listener:
+        tls_address = listener.address.replace("tcp://", "tls://")
+        with anyio.fail_after(10), pytest.raises(ssl.SSLError):
+            await anyio_comm.connect(
+                tls_address, ssl_context=client_context(tls_version), timeout=10
+            )
+        async with await anyio_comm.connect(listener.address, timeout=10) as comm:
+            await comm.send("plain")
+            assert await comm.receive() == "plain"
+
+
+async def test_plaintext_client_against_tls_listener(
+    tls_version: ssl.TLSVersion, caplog: LogCaptureFixture
+) -> None:
+    """A tcp:// client's preamble is not a ClientHello: a protocol or connection error."""
+    caplog.set_level(logging.DEBUG, logger="anyio_comm")
+    server_ctx = server_context(tls_version)
+    async with anyio_comm.listen("tls://127.0.0.1:0", echo, ssl_context=server_ctx) as listener:
+        tcp_address = listener.address.replace("tls://", "tcp://")
+        with anyio.fail_after(10), pytest.raises((RemoteProtocolError, BrokenResourceError)):
+            await anyio_comm.connect(tcp_address, timeout=10)
+        await wait_for_debug_log(caplog)
+        await assert_round_trip(listener.address, client_context(tls_version))
+
+
+async def test_silent_client_is_dropped_after_handshake_timeout(
+    tls_version: ssl.TLSVersion, caplog: LogCaptureFixture
+) -> None:
+    """handshake_timeout covers the TLS handshake: a TCP client that never says hello is cut."""
+    caplog.set_level(logging.DEBUG, logger="anyio_comm")
+    server_ctx = server_context(tls_version)
+    async with anyio_comm.listen(
+        "tls://127.0.0.1:0", echo, ssl_context=server_ctx, handshake_timeout=0.2
+    ) as listener:
+        async with await anyio.connect_tcp("127.0.0.1", port_of(listener.address)) as raw:
+            with anyio.fail_after(5), pytest.raises((EndOfStream, BrokenResourceError)):
+                while True:  # a TLS server speaks only after the ClientHello: nothing, then EOF
+                    await raw.receive()
+        await wait_for_debug_log(caplog)
+        await assert_round_trip(listener.address, client_context(tls_version))
+
+
+# --- ragged EOF: TCP closed without close_notify is a broken connection, not a clean end ----
+
+
+async def test_ragged_eof_from_client_breaks_server_receive(tls_version: ssl.TLSVersion) -> None:
+    """A handler blocked in receive() gets BrokenResourceError, and the listener goes on."""
+    client_ctx = client_context(tls_version)
+    send, receive = anyio.create_memory_object_stream[BaseException](1)
+
+    async def handler(comm: Comm) -> None:
+        """Echo; report how the connection ended (a clean end reports EndOfStream)."""
+        outcome: BaseException
+        try:
+            await echo(comm)
+        except Exception as exc:
+            outcome = exc
+        else:
+            outcome = EndOfStream()
+        await send.send(outcome)
+
+    server_ctx = server_context(tls_version)
+    async with send, receive:
+        async with anyio_comm.listen(
+            "tls://127.0.0.1:0", handler, ssl_context=server_ctx
+        ) as listener:
+            with anyio.fail_after(10):
+                tls = await anyio.connect_tcp(
+                    "127.0.0.1",
+                    port_of(listener.address),
+                    ssl_context=client_ctx,
+                    tls_standard_compatible=False,
+                )
+                await tls.send(encode_preamble(Limits()))
+                await BufferedByteReceiveStream(tls).receive_exactly(PREAMBLE_SIZE)
+                await tls.transport_stream.aclose()  # no close_notify
+                outcome = await receive.receive()
+            assert isinstance(outcome, BrokenResourceError), repr(outcome)
+            await assert_round_trip(listener.address, client_ctx)
+
+
+async def test_ragged_eof_from_server_breaks_client_receive(tls_version: ssl.TLSVersion) -> None:
+    """The same on the client side, against a hand-made TLS server that drops TCP."""
+    server_ctx = server_context(tls_version)
+    client_connected = anyio.Event()
+
+    async def raw_tls_server(tcp_listener: anyio.abc.SocketListener) -> None:
+        stream = await tcp_listener.accept()
+        tls = await TLSStream.wrap(
+            stream, server_side=True, ssl_context=server_ctx, standard_compatible=False
+        )
+        await tls.send(encode_preamble(Limits()))
+        await BufferedByteReceiveStream(tls).receive_exactly(PREAMBLE_SIZE)
+        await client_connected.wait()
+        await tls.transport_stream.aclose()  # no close_notify
+
+    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with multi, anyio.create_task_group() as tg:
+        (tcp_listener,) = multi.listeners
+        tg.start_soon(raw_tls_server, tcp_listener)
+        port = tcp_listener.extra(SocketAttribute.local_port)
+        with anyio.fail_after(10):
+            async with await anyio_comm.connect(
+                f"tls://127.0.0.1:{port}", ssl_context=client_context(tls_version), timeout=10
+            ) as comm:
+                client_connected.set()
+                with pytest.raises(BrokenResourceError):
+                    await comm.receive()
