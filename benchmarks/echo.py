@@ -12,9 +12,16 @@ fresh pair of processes, by default pinned to two different CPUs. Systems:
   :func:`anyio.connect_tcp` with an 8-byte big-endian length prefix, read back
   with ``BufferedByteReceiveStream.receive_exactly``.
 
+``--tls`` runs the same workload over TLS (``--tls-version``, default 1.3) with
+certificates made by ``trustme`` at startup: ``tls://`` addresses for
+anyio-comm, :class:`anyio.streams.tls.TLSListener` and
+``anyio.connect_tcp(..., ssl_context=...)`` for anyio-streams. ``--tls both``
+interleaves plain and TLS cases in one run and adds a TLS-versus-plain summary.
+
 Run from the repository root::
 
     python -m benchmarks.echo --seconds 2 --repeat 2 --json results.json
+    python -m benchmarks.echo --sizes 1000,1000000,10000000 --tls both
 """
 
 from __future__ import annotations
@@ -27,7 +34,9 @@ import json
 import multiprocessing
 import os
 import platform
+import ssl
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import asdict, dataclass, field
@@ -38,6 +47,7 @@ import anyio
 import anyio.to_thread
 from anyio.abc import SocketAttribute
 from anyio.streams.buffered import BufferedByteReceiveStream
+from anyio.streams.tls import TLSListener
 
 import anyio_comm
 
@@ -45,7 +55,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from multiprocessing.connection import Connection
 
-    from anyio.abc import SocketStream, TaskStatus
+    from anyio.abc import ByteStream, TaskStatus
 
     RoundTrip = Callable[[], Awaitable[None]]
 
@@ -55,6 +65,7 @@ BACKENDS = {  # name: (AnyIO backend, backend options)
     "uvloop": ("asyncio", {"use_uvloop": True}),
     "trio": ("trio", {}),
 }
+TLS_VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
 STARTUP_TIMEOUT = 30.0  # seconds for a process to start, import and connect
 SIZE_CHECK_EVERY = 256  # round trips between checks of the reply size
 
@@ -67,6 +78,20 @@ class Case:
     backend: str
     size: int
     concurrency: int
+    tls: str | None = None  # TLS version ("1.2" or "1.3"); None for plain TCP
+
+    @property
+    def label(self) -> str:
+        """The system, with ``+tls`` for a TLS case."""
+        return self.system if self.tls is None else f"{self.system}+tls"
+
+
+@dataclass(frozen=True)
+class TLSFiles:
+    """Test certificates made with trustme by the parent process."""
+
+    ca_pem: bytes  # the CA certificate the client trusts
+    server_pem: str  # path of the server's private key and certificate chain
 
 
 @dataclass
@@ -97,22 +122,60 @@ def _pin(cpu: int | None) -> None:
         os.sched_setaffinity(0, {cpu})
 
 
+def make_certificates(directory: str) -> TLSFiles:
+    """A CA and a server certificate for 127.0.0.1 and localhost, in ``directory``."""
+    import trustme  # only needed with --tls
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    server_pem = os.path.join(directory, "server.pem")
+    with open(server_pem, "wb") as fh:
+        fh.write(cert.private_key_and_cert_chain_pem.bytes())
+    return TLSFiles(ca_pem=ca.cert_pem.bytes(), server_pem=server_pem)
+
+
+def _pin_version(context: ssl.SSLContext, version: str) -> ssl.SSLContext:
+    context.minimum_version = context.maximum_version = TLS_VERSIONS[version]
+    return context
+
+
+def server_context(files: TLSFiles, version: str) -> ssl.SSLContext:
+    """The server's SSL context: our certificate, exactly TLS ``version``."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(files.server_pem)
+    return _pin_version(context, version)
+
+
+def client_context(files: TLSFiles, version: str) -> ssl.SSLContext:
+    """The client's SSL context: trusts only our CA, exactly TLS ``version``."""
+    context = ssl.create_default_context(cadata=files.ca_pem.decode("ascii"))
+    return _pin_version(context, version)
+
+
 # -- server -------------------------------------------------------------------
 
 
-async def _serve_comm(served: _Counter, *, task_status: TaskStatus[str]) -> None:
+async def _serve_comm(
+    served: _Counter, ssl_context: ssl.SSLContext | None, *, task_status: TaskStatus[str]
+) -> None:
     async def echo(comm: anyio_comm.Comm) -> None:
         async for message in comm:
             await comm.send(message)
             served.n += 1
 
-    async with anyio_comm.listen("tcp://127.0.0.1:0", echo) as listener:
+    if ssl_context is None:
+        listening = anyio_comm.listen("tcp://127.0.0.1:0", echo)
+    else:
+        listening = anyio_comm.listen("tls://127.0.0.1:0", echo, ssl_context=ssl_context)
+    async with listening as listener:
         task_status.started(listener.address)
         await anyio.sleep_forever()
 
 
-async def _serve_streams(served: _Counter, *, task_status: TaskStatus[str]) -> None:
-    async def echo(stream: SocketStream) -> None:
+async def _serve_streams(
+    served: _Counter, ssl_context: ssl.SSLContext | None, *, task_status: TaskStatus[str]
+) -> None:
+    async def echo(stream: ByteStream) -> None:
         reader = BufferedByteReceiveStream(stream)
         errors = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError)
         async with stream:
@@ -126,17 +189,22 @@ async def _serve_streams(served: _Counter, *, task_status: TaskStatus[str]) -> N
     async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
         host, port = listener.extra(SocketAttribute.local_address)[:2]
         task_status.started(f"tcp://{host}:{port}")
-        await listener.serve(echo)
+        if ssl_context is None:
+            await listener.serve(echo)
+        else:
+            await TLSListener(listener, ssl_context, standard_compatible=False).serve(echo)
 
 
-async def _server(conn: Connection, system: str, lifetime: float) -> None:
+async def _server(
+    conn: Connection, system: str, ssl_context: ssl.SSLContext | None, lifetime: float
+) -> None:
     """Serve until told ``"stop"``; snapshot CPU time and messages at each command."""
     served = _Counter()
     marks: list[tuple[float, int]] = []
     with anyio.move_on_after(lifetime):
         async with anyio.create_task_group() as tg:
             serve = _serve_comm if system == "anyio-comm" else _serve_streams
-            conn.send(("ready", await tg.start(serve, served)))
+            conn.send(("ready", await tg.start(serve, served, ssl_context)))
             while len(marks) < 16:
                 try:
                     command = await anyio.to_thread.run_sync(conn.recv, abandon_on_cancel=True)
@@ -150,12 +218,16 @@ async def _server(conn: Connection, system: str, lifetime: float) -> None:
 
 
 def server_main(
-    conn: Connection, system: str, backend: str, cpu: int | None, lifetime: float
+    conn: Connection, case: Case, tls: TLSFiles | None, cpu: int | None, lifetime: float
 ) -> None:
     """Entry point of the server process."""
     try:
         _pin(cpu)
-        _run(backend, _server, conn, system, lifetime)
+        ssl_context = None
+        if case.tls is not None:
+            assert tls is not None
+            ssl_context = server_context(tls, case.tls)
+        _run(case.backend, _server, conn, case.system, ssl_context, lifetime)
     except BaseException:
         with contextlib.suppress(OSError):
             conn.send(("error", traceback.format_exc()))
@@ -171,8 +243,16 @@ def _check_size(count: int, size: int, received: int) -> None:
         raise RuntimeError(f"the echo of {size} bytes came back with {received}")
 
 
-async def _open_comm(stack: contextlib.AsyncExitStack, address: str, payload: bytes) -> RoundTrip:
-    comm = await anyio_comm.connect(address, timeout=STARTUP_TIMEOUT)
+async def _open_comm(
+    stack: contextlib.AsyncExitStack,
+    address: str,
+    payload: bytes,
+    ssl_context: ssl.SSLContext | None,
+) -> RoundTrip:
+    if ssl_context is None:
+        comm = await anyio_comm.connect(address, timeout=STARTUP_TIMEOUT)
+    else:
+        comm = await anyio_comm.connect(address, timeout=STARTUP_TIMEOUT, ssl_context=ssl_context)
     stack.push_async_callback(comm.aclose)
     message = {"data": payload}
     count = 0
@@ -188,11 +268,20 @@ async def _open_comm(stack: contextlib.AsyncExitStack, address: str, payload: by
 
 
 async def _open_streams(
-    stack: contextlib.AsyncExitStack, address: str, payload: bytes
+    stack: contextlib.AsyncExitStack,
+    address: str,
+    payload: bytes,
+    ssl_context: ssl.SSLContext | None,
 ) -> RoundTrip:
     host, _, port = address.removeprefix("tcp://").rpartition(":")
+    stream: ByteStream
     with anyio.fail_after(STARTUP_TIMEOUT):
-        stream = await anyio.connect_tcp(host, int(port))
+        if ssl_context is None:
+            stream = await anyio.connect_tcp(host, int(port))
+        else:
+            stream = await anyio.connect_tcp(
+                host, int(port), ssl_context=ssl_context, tls_standard_compatible=False
+            )
     stack.push_async_callback(stream.aclose)
     reader = BufferedByteReceiveStream(stream)
     header = len(payload).to_bytes(8, "big")
@@ -226,14 +315,22 @@ async def _worker(roundtrip: RoundTrip, load: _Load) -> None:
 
 
 async def _client(
-    conn: Connection, case: Case, address: str, seconds: float, warmup: float, max_count: int
+    conn: Connection,
+    case: Case,
+    ssl_context: ssl.SSLContext | None,
+    address: str,
+    seconds: float,
+    warmup: float,
+    max_count: int,
 ) -> dict[str, Any]:
     """Run one case's load; return the client-side measurements."""
     opener = _open_comm if case.system == "anyio-comm" else _open_streams
     payload = bytes(range(256)) * (case.size // 256) + bytes(case.size % 256)
     with anyio.fail_after(STARTUP_TIMEOUT + warmup + seconds + STARTUP_TIMEOUT):
         async with contextlib.AsyncExitStack() as stack:
-            roundtrips = [await opener(stack, address, payload) for _ in range(case.concurrency)]
+            roundtrips = [
+                await opener(stack, address, payload, ssl_context) for _ in range(case.concurrency)
+            ]
             start = time.perf_counter() + warmup
             load = _Load(start=start, end=start + seconds, max_count=max_count)
             async with anyio.create_task_group() as tg:
@@ -271,6 +368,7 @@ async def _client(
 def client_main(
     conn: Connection,
     case: Case,
+    tls: TLSFiles | None,
     address: str,
     cpu: int | None,
     seconds: float,
@@ -280,7 +378,13 @@ def client_main(
     """Entry point of the client process."""
     try:
         _pin(cpu)
-        result = _run(case.backend, _client, conn, case, address, seconds, warmup, max_count)
+        ssl_context = None
+        if case.tls is not None:
+            assert tls is not None
+            ssl_context = client_context(tls, case.tls)
+        result = _run(
+            case.backend, _client, conn, case, ssl_context, address, seconds, warmup, max_count
+        )
         conn.send(("result", result))
     except BaseException:
         with contextlib.suppress(OSError):
@@ -321,7 +425,11 @@ def _stop(proc: Any) -> None:
 
 
 def run_case(
-    ctx: Any, case: Case, cpus: tuple[int | None, int | None], args: argparse.Namespace
+    ctx: Any,
+    case: Case,
+    cpus: tuple[int | None, int | None],
+    args: argparse.Namespace,
+    tls: TLSFiles | None = None,
 ) -> dict[str, Any]:
     """Run one case in a fresh server and client process; return its measurements."""
     budget = STARTUP_TIMEOUT + args.warmup + args.seconds + STARTUP_TIMEOUT
@@ -331,7 +439,7 @@ def run_case(
         target=server_main,
         name="echo-server",
         daemon=True,
-        args=(server_child, case.system, case.backend, cpus[0], budget),
+        args=(server_child, case, tls, cpus[0], budget),
     )
     client = None
     try:
@@ -342,7 +450,16 @@ def run_case(
             target=client_main,
             name="echo-client",
             daemon=True,
-            args=(client_child, case, address, cpus[1], args.seconds, args.warmup, args.max_count),
+            args=(
+                client_child,
+                case,
+                tls,
+                address,
+                cpus[1],
+                args.seconds,
+                args.warmup,
+                args.max_count,
+            ),
         )
         client.start()
         client_child.close()
@@ -378,7 +495,10 @@ def _choose_cpus(no_pin: bool) -> tuple[tuple[int | None, int | None], str]:
 
 
 def run_matrix(
-    cases: list[Case], cpus: tuple[int | None, int | None], args: argparse.Namespace
+    cases: list[Case],
+    cpus: tuple[int | None, int | None],
+    args: argparse.Namespace,
+    tls: TLSFiles | None = None,
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Run every case ``args.repeat`` times, interleaved; return (best per case, all runs)."""
     ctx = multiprocessing.get_context("spawn")
@@ -387,11 +507,11 @@ def run_matrix(
     for repeat in range(args.repeat):
         for case in cases:
             progress = (
-                f"[{len(runs) + 1}/{len(cases) * args.repeat}] {case.system} "
+                f"[{len(runs) + 1}/{len(cases) * args.repeat}] {case.label} "
                 f"{case.backend} {_fmt_size(case.size)}:"
             )
             try:
-                result = run_case(ctx, case, cpus, args)
+                result = run_case(ctx, case, cpus, args, tls)
             except Exception as exc:
                 lines = [line.strip(" |+-") for line in str(exc).splitlines()]
                 summary = next((line for line in reversed(lines) if line), repr(exc))
@@ -416,16 +536,28 @@ def _fmt_size(n: int) -> str:
     return f"{n} B"
 
 
+def _label(r: dict[str, Any]) -> str:
+    return r["system"] if r.get("tls") is None else f"{r['system']}+tls"
+
+
+def _key(r: dict[str, Any]) -> tuple[str, str, int, int, str | None]:
+    return (r["system"], r["backend"], r["size"], r["concurrency"], r.get("tls"))
+
+
 def format_table(results: list[dict[str, Any]]) -> str:
-    """One row per case, then the anyio-comm / anyio-streams ratios."""
+    """One row per case, then the anyio-comm / anyio-streams ratios (like with like)."""
+    width = max([14, *(len(_label(r)) + 1 for r in results)])
+    any_tls = any(r.get("tls") is not None for r in results)
     head = (
-        f"{'system':<14}{'backend':<9}{'size':>7}{'conc':>5}{'rt/s':>10}{'us/rt':>10}"
+        f"{'system':<{width}}{'backend':<9}{'size':>7}{'conc':>5}{'rt/s':>10}{'us/rt':>10}"
         f"{'MB/s':>9}{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'cli us/rt':>11}"
         f"{'srv us/rt':>11}"
     )
     lines = [head, "-" * len(head)]
     for r in results:
-        row = f"{r['system']:<14}{r['backend']:<9}{_fmt_size(r['size']):>7}{r['concurrency']:>5}"
+        row = (
+            f"{_label(r):<{width}}{r['backend']:<9}{_fmt_size(r['size']):>7}{r['concurrency']:>5}"
+        )
         if "error" in r:
             lines.append(f"{row}  FAILED: {r['error']}")
             continue
@@ -435,20 +567,73 @@ def format_table(results: list[dict[str, Any]]) -> str:
             f"{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}{r['max_ms']:>9.3f}"
             f"{r['client_cpu_us_per_rt']:>11.1f}{'-' if srv is None else f'{srv:.1f}':>11}"
         )
-    ok = {
-        (r["system"], r["backend"], r["size"], r["concurrency"]): r
-        for r in results
-        if "error" not in r
-    }
-    ratios = [
-        f"  {_fmt_size(size):>7} {backend:<8} conc {conc}: "
-        f"{r['rps'] / ok[('anyio-streams', backend, size, conc)]['rps']:.2f}x"
-        for (system, backend, size, conc), r in ok.items()
-        if system == "anyio-comm" and ("anyio-streams", backend, size, conc) in ok
-    ]
+    ok = {_key(r): r for r in results if "error" not in r}
+    ratios = []
+    for (system, backend, size, conc, tls), r in ok.items():
+        other = ok.get(("anyio-streams", backend, size, conc, tls))
+        if system != "anyio-comm" or other is None:
+            continue
+        mode = f" {'plain' if tls is None else f'TLS {tls}':<8}" if any_tls else ""
+        ratios.append(
+            f"  {_fmt_size(size):>7} {backend:<8}{mode} conc {conc}: "
+            f"{r['rps'] / other['rps']:.2f}x"
+        )
     if ratios:
         lines += ["", "anyio-comm / anyio-streams, round trips per second:", *ratios]
     return "\n".join(lines)
+
+
+def format_tls_summary(results: list[dict[str, Any]]) -> str:
+    """TLS versus plain for each backend and size, anyio-comm beside anyio-streams.
+
+    Values are MB/s for payloads of 1 MB or more and the median round-trip
+    latency in microseconds below; ratios are of round trips per second (above
+    1 means the first is faster), "-" where a case is missing or failed. Empty
+    unless some system has both a plain and a TLS result for the same case.
+    """
+    ok = {_key(r): r for r in results if "error" not in r}
+
+    def value(r: dict[str, Any] | None, size: int) -> str:
+        if r is None:
+            return "-"
+        return f"{r['mb_per_s']:.1f}" if size >= 10**6 else f"{r['p50_ms'] * 1e3:.1f}"
+
+    def ratio(a: dict[str, Any] | None, b: dict[str, Any] | None) -> str:
+        return "-" if a is None or b is None else f"{a['rps'] / b['rps']:.2f}x"
+
+    head = (
+        f"{'size':>7} {'backend':<9}{'metric':<8}{'comm':>10}{'comm+tls':>10}"
+        f"{'streams':>10}{'streams+tls':>13}{'comm tls/plain':>16}"
+        f"{'streams tls/plain':>19}{'tls comm/streams':>18}"
+    )
+    lines: list[str] = []
+    versions: set[str] = set()
+    seen: set[tuple[str, int, int, str]] = set()
+    for _, backend, size, conc, tls in ok:
+        if tls is None or (backend, size, conc, tls) in seen:
+            continue
+        seen.add((backend, size, conc, tls))
+        comm, comm_tls, streams, streams_tls = (
+            ok.get((system, backend, size, conc, mode))
+            for system in SYSTEMS
+            for mode in (None, tls)
+        )
+        if (comm is None or comm_tls is None) and (streams is None or streams_tls is None):
+            continue
+        versions.add(tls)
+        lines.append(
+            f"{_fmt_size(size):>7} {backend:<9}{'MB/s' if size >= 10**6 else 'p50 us':<8}"
+            f"{value(comm, size):>10}{value(comm_tls, size):>10}{value(streams, size):>10}"
+            f"{value(streams_tls, size):>13}{ratio(comm_tls, comm):>16}"
+            f"{ratio(streams_tls, streams):>19}{ratio(comm_tls, streams_tls):>18}"
+        )
+    if not lines:
+        return ""
+    title = (
+        f"TLS {'/'.join(sorted(versions))} vs plain TCP, anyio-comm beside anyio-streams: "
+        "MB/s or p50 us; ratios of round trips per second (above 1: the first is faster)"
+    )
+    return "\n".join([title, head, "-" * len(head), *lines])
 
 
 def _versions() -> dict[str, str | None]:
@@ -534,6 +719,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=1,
         help="run the whole matrix N times and keep the best rt/s per case (default: 1)",
     )
+    add(
+        "--tls",
+        nargs="?",
+        const="on",
+        default="off",
+        choices=("off", "on", "both"),
+        help="run over TLS: --tls (or --tls on) runs only TLS cases, --tls both runs plain "
+        "and TLS cases interleaved and adds a TLS-vs-plain summary (default: off)",
+    )
+    add(
+        "--tls-version",
+        choices=tuple(TLS_VERSIONS),
+        default="1.3",
+        help="TLS version, pinned as both minimum and maximum on both ends (default: 1.3)",
+    )
     add("--no-pin", action="store_true", help="do not pin server and client to CPUs")
     add("--json", metavar="PATH", help="also write the results and metadata as JSON")
     args = parser.parse_args(argv)
@@ -549,6 +749,9 @@ def main(argv: list[str] | None = None) -> int:
         if name in args.backends and importlib.util.find_spec(name) is None:
             print(f"note: {name} is not installed; skipping that backend", file=sys.stderr)
             args.backends.remove(name)
+    if args.tls != "off" and importlib.util.find_spec("trustme") is None:
+        print("error: --tls needs the trustme package (pip install trustme)", file=sys.stderr)
+        return 2
     cpus, pinning = _choose_cpus(args.no_pin)
     versions = _versions()
     print(
@@ -561,17 +764,37 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"{args.seconds:g} s per case after {args.warmup:g} s warm-up (at most "
         f"{args.max_count:,} round trips), concurrency {args.concurrency}, "
-        f"repeat {args.repeat} (best rt/s kept)\n",
+        f"repeat {args.repeat} (best rt/s kept)",
         flush=True,
     )
+    modes: list[str | None] = {
+        "off": [None],
+        "on": [args.tls_version],
+        "both": [None, args.tls_version],
+    }[args.tls]
+    if args.tls != "off":
+        print(
+            f"TLS {args.tls_version} ({ssl.OPENSSL_VERSION}), trustme certificates for "
+            "127.0.0.1" + ("; plain and TLS cases interleaved" if args.tls == "both" else ""),
+            flush=True,
+        )
+    print(flush=True)
     cases = [
-        Case(system, backend, size, args.concurrency)
+        Case(system, backend, size, args.concurrency, tls)
         for size in args.sizes
         for backend in args.backends
+        for tls in modes
         for system in args.systems
     ]
-    results, runs = run_matrix(cases, cpus, args)
+    with contextlib.ExitStack() as stack:
+        tls_files = None
+        if args.tls != "off":
+            directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="echo-tls-"))
+            tls_files = make_certificates(directory)
+        results, runs = run_matrix(cases, cpus, args, tls_files)
     print(format_table(results))
+    if summary := format_tls_summary(results):
+        print(f"\n{summary}")
     if args.json:
         command = sys.argv[1:] if argv is None else argv
         metadata = {
@@ -587,6 +810,14 @@ def main(argv: list[str] | None = None) -> int:
             "load_average_before": load_before,
             "load_average_after": _loadavg(),
             "versions": versions,
+            "tls": None
+            if args.tls == "off"
+            else {
+                "mode": args.tls,
+                "version": args.tls_version,
+                "openssl": ssl.OPENSSL_VERSION,
+                "certificates": "trustme CA, server certificate for 127.0.0.1 and localhost",
+            },
             "options": {k: v for k, v in vars(args).items() if k != "json"},
         }
         with open(args.json, "w", encoding="utf-8") as fh:

@@ -400,3 +400,13 @@ async def test_ragged_eof_from_server_breaks_client_receive(tls_version: ssl.TLS
                 client_connected.set()
                 with pytest.raises(BrokenResourceError):
                     await comm.receive()
+
+
+async def test_client_handshake_timeout(tls_version: ssl.TLSVersion) -> None:
+    """connect(timeout=) covers the TLS handshake: a server that never answers times out."""
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as silent:
+        port = silent.extra(SocketAttribute.local_port)
+        with anyio.fail_after(5), pytest.raises(TimeoutError):
+            await anyio_comm.connect(
+                f"tls://127.0.0.1:{port}", ssl_context=client_context(tls_version), timeout=0.2
+            )

@@ -12,8 +12,9 @@ protocol or a non-blocking ``SSLSocket``, this keeps our own receive path:
   when OpenSSL needs more ciphertext do we ``receive_into`` one large reused
   buffer (256 KiB) and feed it to the incoming BIO.
 * send: the plaintext buffers are encrypted in slices of at most 256 KiB and
-  the ciphertext is flushed to the inner transport after each slice, so a
-  10 MB message is never held twice in memory and goes out in a few large
+  the ciphertext is flushed to the inner transport whenever 256 KiB of it has
+  built up, and at the end of the message: a small message is one write, and
+  a 10 MB message is never held twice in memory and goes out in a few large
   writes.
 * end of stream: the peer's ``close_notify`` is a clean EOF; a TCP close
   without it (ragged EOF) is :exc:`anyio.BrokenResourceError`, so a
@@ -155,20 +156,35 @@ class TLSTransport(Transport):
 
     async def receive_into(self, buffer: memoryview) -> int:
         sslobj = self._ssl
+        incoming = self._incoming
         nbytes = buffer.nbytes
+        received = 0
         while True:
             if self._closed:
                 raise ClosedResourceError
             try:
-                # with a buffer, read() returns a count (typeshed says bytes)
-                return sslobj.read(nbytes, buffer)  # type: ignore[return-value]
+                # One call decrypts at most one record (16 KiB): keep going while
+                # ciphertext is buffered, so a large frame costs one pass of the
+                # comm's receive loop per ciphertext chunk, not per record.
+                # With a buffer, read() returns a count (typeshed says bytes).
+                received += sslobj.read(  # type: ignore[operator]
+                    nbytes - received, buffer[received:] if received else buffer
+                )
+                if received == nbytes or not (incoming.pending or sslobj.pending()):
+                    return received
+                continue
             except ssl.SSLWantReadError:
-                pass
+                if received:
+                    return received
             except ssl.SSLZeroReturnError:
-                return 0  # close_notify: a clean end of stream
+                return received  # close_notify: a clean end of stream (0 if nothing came)
             except ssl.SSLEOFError as exc:
+                if received:
+                    return received
                 raise BrokenResourceError("TLS connection closed without close_notify") from exc
             except ssl.SSLError as exc:
+                if received:
+                    return received  # the error is raised again on the next call
                 raise BrokenResourceError(f"TLS error: {exc}") from exc
             await self._fill()
 
@@ -184,8 +200,9 @@ class TLSTransport(Transport):
                 for offset in range(0, view.nbytes, CHUNK):
                     sslobj.write(view[offset : offset + CHUNK])
                     encrypted = True
-                    await self._flush()
-            await self._flush()  # records a read produced, if nothing else
+                    if self._outgoing.pending >= CHUNK:
+                        await self._flush()
+            await self._flush()  # the rest, or records a read produced
         except ssl.SSLError as exc:
             self.send_interrupted = True
             raise BrokenResourceError(f"TLS error: {exc}") from exc
