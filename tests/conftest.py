@@ -25,6 +25,18 @@ def _has_ipv6() -> bool:
 
 
 HAVE_IPV6 = _has_ipv6()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _tls_material() -> None:
+    """Generate the test CA and certificates once, before any event loop runs."""
+    from . import certs
+
+    certs.server_cert()
+    certs.client_cert()
+    certs.expired_server_cert()
+
+
 HAVE_UNIX = hasattr(socket, "AF_UNIX") and sys.platform != "win32"
 
 
