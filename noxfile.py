@@ -1,4 +1,4 @@
-"""Sessions: ``nox`` runs tests (Python 3.10-3.13), tests_asyncio_only, lint and typecheck.
+"""Sessions: ``nox`` runs tests (Python 3.10-3.13), tests_asyncio_only, lint, typecheck, docs.
 
 ``nox -s demo`` runs the echo demo; ``nox -s bench`` a short benchmark.
 """
@@ -9,7 +9,7 @@ import nox
 
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 
-nox.options.sessions = ["tests", "tests_asyncio_only", "lint", "typecheck"]
+nox.options.sessions = ["tests", "tests_asyncio_only", "lint", "typecheck", "docs"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = True
 
@@ -47,8 +47,9 @@ def tests_asyncio_only(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check."""
     session.install("ruff==0.17.6")  # pinned: formatter output changes between releases
-    session.run("ruff", "check", "anyio_comm", "tests", "benchmarks", "noxfile.py")
-    session.run("ruff", "format", "--check", "anyio_comm", "tests", "benchmarks", "noxfile.py")
+    paths = ["anyio_comm", "tests", "benchmarks", "examples", "docs/conf.py", "noxfile.py"]
+    session.run("ruff", "check", *paths)
+    session.run("ruff", "format", "--check", *paths)
 
 
 @nox.session(python="3.11")
@@ -56,6 +57,15 @@ def typecheck(session: nox.Session) -> None:
     """mypy --strict on the package."""
     session.install(".[typecheck]")
     session.run("mypy", "--strict", "anyio_comm")
+
+
+@nox.session(python="3.11")
+def docs(session: nox.Session) -> None:
+    """Build the documentation; any warning (a broken reference included) fails."""
+    session.install(".[docs]")
+    session.run(
+        "sphinx-build", "-W", "-n", "--keep-going", "-b", "html", "docs", "docs/_build/html"
+    )
 
 
 @nox.session(python="3.11")

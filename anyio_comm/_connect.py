@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import socket
 from typing import TYPE_CHECKING, Any, Final
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from ._sansio.wire import Limits
     from ._transports.base import Transport
 
-__all__ = ["configure_socket", "connect", "from_stream", "open_socket"]
+__all__ = ["configure_socket", "connect", "from_stream", "open_socket", "resolve_tcp"]
 
 _HAS_UNIX: Final = hasattr(socket, "AF_UNIX")
 
@@ -48,6 +49,28 @@ async def _connect_socket(sock: socket.socket, sockaddr: Any) -> None:
         err = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
         if err:
             raise OSError(err, f"{os.strerror(err)} ({sockaddr})") from None
+
+
+async def resolve_tcp(host: str, port: int, *, passive: bool = False) -> list[tuple[Any, ...]]:
+    """Resolve ``host`` like ``getaddrinfo``, without a lookup for IP literals.
+
+    (On asyncio, ``getaddrinfo`` runs in a worker thread: a round trip through
+    the thread pool for every connection to ``127.0.0.1``, otherwise.)
+
+    Raises:
+        socket.gaierror: the name does not resolve.
+    """
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        ip = None
+    if ip is None or "%" in host:  # names, and IPv6 literals with a scope
+        return await anyio.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE if passive else 0
+        )
+    if ip.version == 6:
+        return [(socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port, 0, 0))]
+    return [(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port))]
 
 
 async def open_socket(scheme: str, host: str, port: int, path: str) -> socket.socket:
@@ -72,7 +95,7 @@ async def open_socket(scheme: str, host: str, port: int, path: str) -> socket.so
             raise
         return sock
 
-    infos = await anyio.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    infos = await resolve_tcp(host, port)
     error: OSError | None = None
     for family, type_, proto, _, sockaddr in infos:
         sock = socket.socket(family, type_, proto)

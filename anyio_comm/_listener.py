@@ -6,19 +6,20 @@ handler). Leaving ``listen`` cancels the group, so every handler is
 cancelled and every connection closed before ``listen`` returns, then the
 listening sockets are closed.
 
-Errors: a connection that fails the handshake (wrong protocol, timeout,
-reset) is closed and logged at DEBUG level. A handler that ends with a
-connection error (``EndOfStream``, ``BrokenResourceError``,
-``ClosedResourceError``, ``RemoteProtocolError``, ``OSError``) is logged at
-DEBUG; any other exception from a handler is logged with its traceback at
-ERROR level on the ``anyio_comm`` logger. Either way only that connection is
-closed and the listener keeps serving.
+Errors: a connection that fails the handshake (wrong protocol, TLS failure,
+timeout, reset) is closed and logged at DEBUG level. A handler that ends
+because the connection ended (``EndOfStream``, ``BrokenResourceError``,
+``ClosedResourceError``, ``RemoteProtocolError``) is logged at DEBUG. Any
+other exception from a handler is a bug or an error of the application: it is
+logged with its traceback at ERROR level on the ``anyio_comm`` logger, and the
+connection is reset (over TCP and TLS the peer sees
+``anyio.BrokenResourceError``, never a clean end of stream). Either way only
+that connection is closed and the listener keeps serving.
 """
 
 from __future__ import annotations
 
 import errno
-import ipaddress
 import logging
 import os
 import socket
@@ -45,8 +46,8 @@ from ._addressing import (
 )
 from ._comm import Comm, establish
 from ._compat import final
-from ._connect import configure_socket
-from ._exceptions import ProtocolError
+from ._connect import configure_socket, resolve_tcp
+from ._exceptions import ProtocolError, RemoteProtocolError
 from ._inproc import register, unregister
 from ._options import CommOptions, make_options
 from ._sansio.decoder import DEFAULT_READ_BUFFER_SIZE
@@ -72,13 +73,21 @@ logger = logging.getLogger("anyio_comm")
 #: ``async def handler(comm: Comm) -> None``
 Handler = Callable[[Comm], Awaitable[Any]]
 
-_CONNECTION_ERRORS: Final = (
+#: why a handshake fails: the connection is dropped, logged at DEBUG
+_HANDSHAKE_ERRORS: Final = (
     EndOfStream,
     BrokenResourceError,
     ClosedResourceError,
     ProtocolError,
-    OSError,
+    OSError,  # ssl.SSLError included
     TimeoutError,
+)
+#: how a connection ends while its handler runs: logged at DEBUG
+_CONNECTION_ENDED: Final = (
+    EndOfStream,
+    BrokenResourceError,
+    ClosedResourceError,
+    RemoteProtocolError,
 )
 #: accept() errors that mean "out of resources": back off, then retry
 _RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
@@ -114,19 +123,8 @@ class Listener:
         return self._active
 
 
-async def _resolve_passive(host: str, port: int) -> list[tuple[Any, ...]]:
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return await anyio.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )
-    family = socket.AF_INET6 if ip.version == 6 else socket.AF_INET
-    return [(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port))]
-
-
 async def _bind_tcp(host: str, port: int, backlog: int) -> list[socket.socket]:
-    infos = await _resolve_passive(host, port)
+    infos = await resolve_tcp(host, port, passive=True)
     sockets: list[socket.socket] = []
     seen: set[tuple[int, str]] = set()
     try:
@@ -234,7 +232,7 @@ class _Server:
                 comm = await establish(
                     transport, self.options, local_address=local, peer_address=peer
                 )
-        except _CONNECTION_ERRORS as exc:
+        except _HANDSHAKE_ERRORS as exc:
             transport.abort()
             logger.debug("handshake with %s failed: %r", peer, exc)
             return
@@ -244,14 +242,16 @@ class _Server:
         listener = self.listener
         listener._active += 1
         try:
-            async with comm:
+            try:
                 await self.handler(comm)
-        except _CONNECTION_ERRORS as exc:
-            logger.debug("connection %s ended: %r", peer, exc)
-        except Exception:
-            logger.exception("connection handler for %s raised", peer)
+            except _CONNECTION_ENDED as exc:
+                logger.debug("connection %s ended: %r", peer, exc)
+            except Exception:
+                logger.exception("connection handler for %s raised", peer)
+                comm._reset()
         finally:
             listener._active -= 1
+            await comm.aclose()
 
 
 def _close_listening(sockets: list[socket.socket], unix_path: str | None, inode: int) -> None:

@@ -149,23 +149,53 @@ async def test_bad_frames_from_peer_close_only_that_connection() -> None:
             assert await good.receive() == "ok"
 
 
-async def test_handler_errors_are_logged_and_contained(caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize(
+    "error",
+    [ZeroDivisionError("handler bug"), FileNotFoundError("app file"), TimeoutError("app")],
+    ids=["bug", "oserror", "timeout"],
+)
+async def test_handler_errors_are_logged_and_reset_the_connection(
+    caplog: pytest.LogCaptureFixture, error: Exception
+) -> None:
+    """An application error in a handler is logged at ERROR, whatever its type, and the
+    client sees a broken connection (never a clean end); the listener keeps serving."""
+
     async def buggy(comm: Comm) -> None:
         message = await comm.receive()
         if message == "boom":
-            raise ZeroDivisionError("handler bug")
+            raise error
         await comm.send(message)
 
-    with caplog.at_level(logging.ERROR, logger="anyio_comm"):
+    with caplog.at_level(logging.DEBUG, logger="anyio_comm"):
         async with anyio_comm.listen("tcp://127.0.0.1:0", buggy) as listener:
             async with await anyio_comm.connect(listener.address) as comm:
                 await comm.send("boom")
-                with anyio.fail_after(5), pytest.raises(EndOfStream):
+                with anyio.fail_after(5), pytest.raises(BrokenResourceError):
                     await comm.receive()
             async with await anyio_comm.connect(listener.address) as comm:
                 await comm.send("fine")
                 assert await comm.receive() == "fine"
-    assert any("ZeroDivisionError" in (r.exc_text or "") for r in caplog.records)
+    errors = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert len(errors) == 1
+    assert type(error).__name__ in (errors[0].exc_text or "")
+
+
+async def test_connection_endings_are_logged_at_debug_only(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    async with anyio_comm.listen("tcp://127.0.0.1:0", echo) as listener:
+        with caplog.at_level(logging.DEBUG, logger="anyio_comm"):
+            async with await anyio_comm.connect(listener.address) as comm:
+                await comm.send("x")
+                assert await comm.receive() == "x"
+                await comm.send_frames([b"\xc1 not msgpack"])  # RemoteProtocolError there
+                with anyio.fail_after(5), pytest.raises((BrokenResourceError, EndOfStream)):
+                    await comm.receive()
+            with anyio.fail_after(5):
+                while listener.active_connections:
+                    await anyio.sleep(0.01)
+    assert not [r for r in caplog.records if r.levelno > logging.DEBUG]
+    assert any("RemoteProtocolError" in r.getMessage() for r in caplog.records)
 
 
 async def test_serve_with_task_group_start() -> None:

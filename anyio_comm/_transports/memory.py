@@ -74,7 +74,7 @@ class MemoryByteStream(ByteStream):
         await self._sender.aclose()
 
     def close(self) -> None:
-        """Close both directions at once (the synchronous form of :meth:`aclose`)."""
+        """Close both directions at once (the synchronous form of ``aclose()``)."""
         self._closed = True
         self._sender.close()
         self._receiver.close()
