@@ -332,12 +332,6 @@ class Comm(ObjectStream[Any]):
         self._state = _State.CLOSED
         await self._transport.aclose()
 
-    def _reset(self) -> None:
-        """Mark the comm broken and reset the connection (the peer sees it broken)."""
-        if self._state is _State.OPEN:
-            self._state = _State.BROKEN
-        self._transport.reset()
-
     async def _fail(self) -> None:
         """Mark the comm broken and close the transport, even under cancellation."""
         if self._state is _State.OPEN:

@@ -11,10 +11,10 @@ timeout, reset) is closed and logged at DEBUG level. A handler that ends
 because the connection ended (``EndOfStream``, ``BrokenResourceError``,
 ``ClosedResourceError``, ``RemoteProtocolError``) is logged at DEBUG. Any
 other exception from a handler is a bug or an error of the application: it is
-logged with its traceback at ERROR level on the ``anyio_comm`` logger, and the
-connection is reset (over TCP and TLS the peer sees
-``anyio.BrokenResourceError``, never a clean end of stream). Either way only
-that connection is closed and the listener keeps serving.
+logged with its traceback at ERROR level on the ``anyio_comm`` logger. Either
+way only that connection is closed (gracefully: replies the handler sent before
+are still delivered, so the peer sees the end of the stream) and the listener
+keeps serving.
 """
 
 from __future__ import annotations
@@ -248,7 +248,6 @@ class _Server:
                 logger.debug("connection %s ended: %r", peer, exc)
             except Exception:
                 logger.exception("connection handler for %s raised", peer)
-                comm._reset()
         finally:
             listener._active -= 1
             await comm.aclose()

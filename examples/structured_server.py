@@ -2,8 +2,8 @@
 
 ``await tg.start(anyio_comm.serve, address, handler)`` returns the ``Listener`` once it
 is bound; clients then run in the same task group. A handler that raises is logged at
-ERROR on the ``anyio_comm`` logger and only its connection is reset (the client sees
-``BrokenResourceError``, not a clean end): the listener keeps serving. Cancelling the
+ERROR on the ``anyio_comm`` logger and only its connection is closed: the listener keeps
+serving. Cancelling the
 task group stops everything: the listener, every handler (each connection is closed)
 and the clients still running.
 """
@@ -21,7 +21,7 @@ async def handler(comm: anyio_comm.Comm) -> None:
     """Request/reply: answer each request until the client closes."""
     async for request in comm:
         if request["op"] == "fail":
-            raise RuntimeError("bug in the handler")  # logged; only this comm is reset
+            raise RuntimeError("bug in the handler")  # logged; only this comm is closed
         await comm.send({"id": request["id"], "square": request["x"] ** 2})
 
 
@@ -52,8 +52,8 @@ async def main() -> None:
                 await comm.send({"op": "fail"})
                 try:
                     await comm.receive()
-                except anyio.BrokenResourceError:
-                    print("the failing request's connection was reset by the server")
+                except anyio.EndOfStream:
+                    print("the failing request's connection was closed by the server")
             await client(listener.address, 4)  # the listener is still serving
 
             tg.cancel_scope.cancel()  # stops serve, its handlers and idle_client

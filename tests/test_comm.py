@@ -184,6 +184,14 @@ async def test_send_cancelled_mid_message_breaks_the_comm(kind: str) -> None:
         with pytest.raises(BrokenResourceError):
             await client.receive()
         # the peer sees a broken connection, never a desynchronized stream
+        if kind == "anyio-tcp-stream":
+            # The generic path may already have handed every byte to asyncio's
+            # transport, which can still deliver the whole message: only whole
+            # messages may arrive, then the end.
+            with anyio.fail_after(10), pytest.raises((BrokenResourceError, EndOfStream)):
+                while True:
+                    assert [f.nbytes for f in await server.receive_frames()] == [100_000_000]
+            return
         with anyio.fail_after(10), pytest.raises(BrokenResourceError):
             await server.receive_frames()
 

@@ -76,7 +76,3 @@ class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
     @abstractmethod
     def abort(self) -> None:
         """Close the transport immediately, without any graceful exchange."""
-
-    def reset(self) -> None:
-        """Abort so that the peer sees a failed connection, where the transport can."""
-        self.abort()

@@ -36,7 +36,6 @@ import asyncio
 import errno
 import os
 import socket
-import struct
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
@@ -65,7 +64,6 @@ except (AttributeError, ValueError, OSError):  # pragma: no cover
     IOV_MAX = 16  # type: ignore[misc]
 
 _HAS_SENDMSG: Final = hasattr(socket.socket, "sendmsg")
-_LINGER_RESET: Final = struct.pack("ii", 1, 0)
 
 
 def _socket_address(family: int, address: Any) -> Any:
@@ -261,16 +259,6 @@ class SocketTransport(Transport):
         except OSError as exc:
             raise self._translate(exc) from exc
         await anyio.lowlevel.checkpoint()
-
-    def reset(self) -> None:
-        """Abort with a TCP reset (``SO_LINGER`` 0): the peer sees ECONNRESET."""
-        sock = self._sock
-        if not self._closed and sock.family in (socket.AF_INET, socket.AF_INET6):
-            try:
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_RESET)
-            except OSError:
-                pass
-        self.abort()
 
     def abort(self) -> None:
         if self._closed:

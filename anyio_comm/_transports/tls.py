@@ -230,10 +230,6 @@ class TLSTransport(Transport):
         self._closed = True
         self._inner.abort()
 
-    def reset(self) -> None:
-        self._closed = True
-        self._inner.reset()
-
     async def aclose(self) -> None:
         if self._sending:
             # Another task is in the middle of writing a message: a close_notify
