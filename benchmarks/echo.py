@@ -52,7 +52,7 @@ from anyio.streams.tls import TLSListener
 import anyio_comm
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Iterator
     from multiprocessing.connection import Connection
 
     from anyio.abc import ByteStream, TaskStatus
@@ -217,22 +217,29 @@ async def _server(
     conn.send(("marks", marks))
 
 
+@contextlib.contextmanager
+def _reporting_to(conn: Connection) -> Iterator[None]:
+    """Send any failure of the block to the parent as ``("error", traceback)``; close ``conn``."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(OSError):
+            conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
 def server_main(
     conn: Connection, case: Case, tls: TLSFiles | None, cpu: int | None, lifetime: float
 ) -> None:
     """Entry point of the server process."""
-    try:
+    with _reporting_to(conn):
         _pin(cpu)
         ssl_context = None
         if case.tls is not None:
             assert tls is not None
             ssl_context = server_context(tls, case.tls)
         _run(case.backend, _server, conn, case.system, ssl_context, lifetime)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            conn.send(("error", traceback.format_exc()))
-    finally:
-        conn.close()
 
 
 # -- client -------------------------------------------------------------------
@@ -376,7 +383,7 @@ def client_main(
     max_count: int,
 ) -> None:
     """Entry point of the client process."""
-    try:
+    with _reporting_to(conn):
         _pin(cpu)
         ssl_context = None
         if case.tls is not None:
@@ -386,11 +393,6 @@ def client_main(
             case.backend, _client, conn, case, ssl_context, address, seconds, warmup, max_count
         )
         conn.send(("result", result))
-    except BaseException:
-        with contextlib.suppress(OSError):
-            conn.send(("error", traceback.format_exc()))
-    finally:
-        conn.close()
 
 
 # -- orchestration ------------------------------------------------------------
