@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ._sansio.decoder import DEFAULT_READ_BUFFER_SIZE, FrameDecoder
+from ._sansio.decoder import DEFAULT_READ_BUFFER_SIZE, FrameDecoder, check_read_buffer_size
 from ._sansio.serialization import DEFAULT_OOB_THRESHOLD, Serializer
 from ._sansio.wire import Limits
 
@@ -24,8 +24,9 @@ class CommOptions:
     allow_pickle: bool = False
 
     def __post_init__(self) -> None:
-        # Fail at the call site, not at the first connection.
-        FrameDecoder(self.limits, read_buffer_size=self.read_buffer_size)
+        # Fail at the call site, not at the first connection (without
+        # allocating a read-ahead buffer only to throw it away).
+        check_read_buffer_size(self.read_buffer_size)
         self.serializer()
 
     def decoder(self) -> FrameDecoder:

@@ -67,6 +67,14 @@ DEFAULT_READ_BUFFER_SIZE: Final = 64 * 1024
 MIN_READ_BUFFER_SIZE: Final = 4096
 
 
+def check_read_buffer_size(read_buffer_size: int) -> None:
+    """Raise ValueError unless ``read_buffer_size`` is at least 4096."""
+    if read_buffer_size < MIN_READ_BUFFER_SIZE:
+        raise ValueError(
+            f"read_buffer_size must be at least {MIN_READ_BUFFER_SIZE}, got {read_buffer_size}"
+        )
+
+
 class EndOfData(Exception):
     """The byte stream ended (the I/O layer called ``receive_eof``).
 
@@ -130,10 +138,7 @@ class FrameDecoder:
         read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
         allocator: Allocator | None = None,
     ) -> None:
-        if read_buffer_size < MIN_READ_BUFFER_SIZE:
-            raise ValueError(
-                f"read_buffer_size must be at least {MIN_READ_BUFFER_SIZE}, got {read_buffer_size}"
-            )
+        check_read_buffer_size(read_buffer_size)
         self._limits = limits if limits is not None else Limits()
         self._allocator: Allocator = allocator or default_allocator
         self._fast_alloc = self._allocator is default_allocator
