@@ -6,6 +6,7 @@ from ._comm import Comm as Comm
 from ._connect import connect as connect
 from ._connect import from_stream as from_stream
 from ._exceptions import CommError as CommError
+from ._exceptions import IdleTimeoutError as IdleTimeoutError
 from ._exceptions import LocalProtocolError as LocalProtocolError
 from ._exceptions import ProtocolError as ProtocolError
 from ._exceptions import RemoteProtocolError as RemoteProtocolError
@@ -26,6 +27,7 @@ __all__ = [
     "CommError",
     "Handler",
     "Handshake",
+    "IdleTimeoutError",
     "Limits",
     "Listener",
     "LocalProtocolError",

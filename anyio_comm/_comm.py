@@ -36,17 +36,18 @@ from anyio import (
     EndOfStream,
     ResourceGuard,
     aclose_forcefully,
+    move_on_after,
 )
 from anyio.abc import ObjectStream
 from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint, checkpoint_if_cancelled
 
 from ._compat import final
-from ._exceptions import RemoteProtocolError
+from ._exceptions import IdleTimeoutError, RemoteProtocolError
 from ._sansio.decoder import EndOfData, FrameDecoder
 from ._sansio.wire import Handshake, encode_header, encode_preamble, frames_to_iov
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping
 
     from ._options import CommOptions
     from ._sansio._buffer import Buffer
@@ -88,7 +89,9 @@ class Comm(ObjectStream[Any]):
         "_asyncio",
         "_decoder",
         "_eof_sent",
+        "_idle_timeout",
         "_local_address",
+        "_on_idle",
         "_peer",
         "_peer_address",
         "_receive_guard",
@@ -96,6 +99,8 @@ class Comm(ObjectStream[Any]):
         "_serializer",
         "_state",
         "_transport",
+        "_waiting_idle",
+        "_watched",
     )
 
     def __init__(
@@ -107,6 +112,7 @@ class Comm(ObjectStream[Any]):
         *,
         local_address: str,
         peer_address: str,
+        idle_timeout: float | None = None,
     ) -> None:
         self._transport = transport
         self._decoder = decoder
@@ -119,6 +125,13 @@ class Comm(ObjectStream[Any]):
         self._asyncio = _on_asyncio()
         self._receive_guard = ResourceGuard("receiving from")
         self._send_guard = ResourceGuard("sending to")
+        self._idle_timeout = idle_timeout
+        # Listener shutdown: ``_waiting_idle`` is true while receive() waits at
+        # a message boundary; ``_on_idle`` (set by the listener) is called when
+        # receive() is about to wait there. ``_watched`` selects that path.
+        self._watched = idle_timeout is not None
+        self._waiting_idle = False
+        self._on_idle: Callable[[], object] | None = None
 
     def __repr__(self) -> str:
         return f"<Comm {self._local_address} -> {self._peer_address} ({self._state.value})>"
@@ -139,6 +152,12 @@ class Comm(ObjectStream[Any]):
     def peer_handshake(self) -> Handshake:
         """What the peer announced in its preamble (version and receive limits)."""
         return self._peer
+
+    @property
+    def idle_timeout(self) -> float | None:
+        """Seconds :meth:`receive` waits for the next byte before failing with
+        :exc:`IdleTimeoutError` (``None``: no limit)."""
+        return self._idle_timeout
 
     @property
     def closed(self) -> bool:
@@ -168,6 +187,8 @@ class Comm(ObjectStream[Any]):
             anyio.BusyResourceError: another task is already receiving.
             RemoteProtocolError: the peer sent invalid data; the connection
                 is closed.
+            IdleTimeoutError: nothing arrived for ``idle_timeout`` seconds;
+                the connection is closed.
         """
         frames = await self.receive_frames()
         try:
@@ -190,6 +211,8 @@ class Comm(ObjectStream[Any]):
             anyio.BusyResourceError: another task is already receiving.
             RemoteProtocolError: the peer violated the wire format or our
                 limits; the connection is closed.
+            IdleTimeoutError: nothing arrived for ``idle_timeout`` seconds;
+                the connection is closed.
         """
         with self._receive_guard:
             self._check_state()
@@ -199,7 +222,10 @@ class Comm(ObjectStream[Any]):
             transport.yielded = False
             try:
                 while (frames := decoder.next_message()) is None:
-                    n = await transport.receive_into(decoder.get_buffer())
+                    if self._watched:
+                        n = await self._receive_watched(decoder.get_buffer())
+                    else:
+                        n = await transport.receive_into(decoder.get_buffer())
                     if n:
                         decoder.buffer_updated(n)
                     else:
@@ -221,6 +247,23 @@ class Comm(ObjectStream[Any]):
             if not transport.yielded and not self._asyncio:
                 await cancel_shielded_checkpoint()
             return frames
+
+    async def _receive_watched(self, buffer: memoryview) -> int:
+        """``transport.receive_into`` with the idle timeout and the shutdown hook."""
+        idle = self._decoder.at_message_boundary
+        if idle and self._on_idle is not None:
+            self._on_idle()  # cancels the listener's handler task ...
+            await checkpoint()  # ... here, before anything is read
+        self._waiting_idle = idle
+        try:
+            if self._idle_timeout is None:
+                return await self._transport.receive_into(buffer)
+            with move_on_after(self._idle_timeout):
+                return await self._transport.receive_into(buffer)
+        finally:
+            self._waiting_idle = False
+        await self._fail()
+        raise IdleTimeoutError(f"nothing received for {self._idle_timeout:g} s")
 
     # -- sending -----------------------------------------------------------
 
@@ -392,4 +435,5 @@ async def establish(
         handshake,
         local_address=local_address,
         peer_address=peer_address,
+        idle_timeout=options.idle_timeout,
     )

@@ -20,16 +20,23 @@ The package's own errors form this tree::
      │    └── RemoteProtocolError     the peer sent bytes that break the wire
      │                                format or the message encoding; the
      │                                connection has been closed
-     └── SerializationError           (also a TypeError) a message cannot be
-                                      encoded; nothing was sent
+     ├── SerializationError           (also a TypeError) a message cannot be
+     │                                encoded; nothing was sent
+     └── IdleTimeoutError             (also an anyio.BrokenResourceError and a
+                                      TimeoutError) nothing arrived for the
+                                      comm's idle_timeout; the connection has
+                                      been closed
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from anyio import BrokenResourceError
+
 __all__ = [
     "CommError",
+    "IdleTimeoutError",
     "LocalProtocolError",
     "ProtocolError",
     "RemoteProtocolError",
@@ -74,4 +81,13 @@ class SerializationError(CommError, TypeError):
     """A message could not be serialized (unsupported type, too deep, ...).
 
     Raised before anything is sent; the comm stays usable.
+    """
+
+
+class IdleTimeoutError(CommError, BrokenResourceError, TimeoutError):
+    """No byte arrived for the comm's ``idle_timeout`` while it waited in ``receive()``.
+
+    The connection has been closed when this is raised: the comm is broken, so
+    code that treats :exc:`anyio.BrokenResourceError` as "the connection ended"
+    handles it unchanged, and ``except TimeoutError`` catches it too.
     """

@@ -15,6 +15,14 @@ logged with its traceback at ERROR level on the ``anyio_comm`` logger. Either
 way only that connection is closed (gracefully: replies the handler sent before
 are still delivered, so the peer sees the end of the stream) and the listener
 keeps serving.
+
+Limits and shutdown: with ``max_connections``, the accept loops stop
+accepting while that many connections (handshaking or in a handler) are open;
+new connections wait in the kernel's backlog (or, for ``inproc://``, before
+their handshake). :meth:`Listener.shutdown` stops accepting, cancels the
+handlers that wait in ``receive()`` at a message boundary (they are between
+messages, so nothing is lost), gives the others a grace period to finish,
+then cancels them.
 """
 
 from __future__ import annotations
@@ -25,14 +33,18 @@ import os
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final, NoReturn
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 from anyio import (
     TASK_STATUS_IGNORED,
     BrokenResourceError,
+    CancelScope,
+    CapacityLimiter,
     ClosedResourceError,
     EndOfStream,
+    Event,
+    WouldBlock,
     notify_closing,
     wait_readable,
 )
@@ -49,7 +61,7 @@ from ._compat import final
 from ._connect import configure_socket, resolve_tcp
 from ._exceptions import ProtocolError, RemoteProtocolError
 from ._inproc import register, unregister
-from ._options import CommOptions, make_options
+from ._options import CommOptions, check_seconds, make_options
 from ._sansio.decoder import DEFAULT_READ_BUFFER_SIZE
 from ._sansio.serialization import DEFAULT_OOB_THRESHOLD
 from ._transports.rawsocket import SocketTransport
@@ -98,11 +110,18 @@ _ACCEPT_BATCH: Final = 64
 class Listener:
     """A running listener, as yielded by :func:`listen` and started by :func:`serve`."""
 
-    __slots__ = ("_active", "_addresses")
+    __slots__ = ("_active", "_addresses", "_max_connections", "_server")
 
-    def __init__(self, addresses: list[str]) -> None:
+    def __init__(
+        self,
+        addresses: list[str],
+        server: _Server | None = None,
+        max_connections: int | None = None,
+    ) -> None:
         self._addresses = tuple(addresses)
         self._active = 0
+        self._server = server
+        self._max_connections = max_connections
 
     def __repr__(self) -> str:
         return f"<Listener {self.address} ({self._active} connections)>"
@@ -121,6 +140,43 @@ class Listener:
     def active_connections(self) -> int:
         """Connections that completed the handshake and have not closed yet."""
         return self._active
+
+    @property
+    def max_connections(self) -> int | None:
+        """The most connections open at once (handshaking ones included), or ``None``."""
+        return self._max_connections
+
+    @property
+    def shutting_down(self) -> bool:
+        """True once :meth:`shutdown` was called: handlers may check it between messages."""
+        return self._server is not None and self._server.shutdown_started
+
+    async def shutdown(self, grace_period: float = 0.0) -> None:
+        """Stop accepting, let the handlers finish, then close every connection.
+
+        In order: the listening sockets close (``unix://`` socket files are
+        removed, ``inproc://`` names freed), so new connections are refused;
+        connections still in their handshake are dropped; handlers waiting in
+        ``receive()`` at a message boundary (between messages) are cancelled
+        now, and so is any handler that calls ``receive()`` later and would
+        wait there; handlers still running after ``grace_period`` seconds are
+        cancelled. Returns once every connection is closed. Calling it again
+        (or concurrently) waits for the same shutdown. Leaving the
+        :func:`listen` block afterwards has nothing left to do, and
+        :func:`serve` returns.
+
+        Do not call it from a handler of this listener: it would wait for its
+        own caller.
+
+        Raises:
+            ValueError: ``grace_period`` is negative.
+            RuntimeError: the listener is not running.
+        """
+        if grace_period < 0:
+            raise ValueError("grace_period must not be negative")
+        if self._server is None:
+            raise RuntimeError("the listener is not running")
+        await self._server.shutdown(grace_period)
 
 
 async def _bind_tcp(host: str, port: int, backlog: int) -> list[socket.socket]:
@@ -162,6 +218,26 @@ def _bind_unix(path: str, backlog: int) -> socket.socket:
     return sock
 
 
+class _Connection:
+    """One connection's task: its cancel scope, and its comm once established."""
+
+    __slots__ = ("comm", "scope")
+
+    def __init__(self) -> None:
+        self.scope = CancelScope()
+        self.comm: Comm | None = None
+
+    def cancel_if_idle(self) -> None:
+        comm = self.comm
+        if comm is None:  # still in the handshake
+            self.scope.cancel()
+            return
+        comm._on_idle = self.scope.cancel
+        comm._watched = True
+        if comm._waiting_idle:
+            self.scope.cancel()
+
+
 class _Server:
     """Runs the accept loops and the per-connection tasks of one listener."""
 
@@ -171,62 +247,119 @@ class _Server:
         options: CommOptions,
         handshake_timeout: float,
         ssl_context: ssl.SSLContext | None = None,
+        keepalive: float | None = None,
+        max_connections: int | None = None,
     ) -> None:
         self.handler = handler
         self.options = options
         self.handshake_timeout = handshake_timeout
         self.ssl_context = ssl_context
+        self.keepalive = keepalive
         self.scheme = "tls" if ssl_context is not None else "tcp"
         self.task_group: TaskGroup | None = None
         self.listener = Listener([])
+        self.limiter = CapacityLimiter(max_connections) if max_connections else None
+        self.connections: set[_Connection] = set()
+        self.accept_scope = CancelScope()
+        self.stop_accepting: Callable[[], None] = lambda: None
+        self.shutdown_started = False
+        self.all_closed = Event()
+        self.stopped = Event()
+
+    async def accept_loops(self, sockets: list[socket.socket]) -> None:
+        with self.accept_scope:
+            async with anyio.create_task_group() as task_group:
+                for sock in sockets:
+                    task_group.start_soon(self.accept_loop, sock)
 
     async def accept_loop(self, sock: socket.socket) -> None:
-        while True:
-            for _ in range(_ACCEPT_BATCH):
-                try:
-                    conn, _ = sock.accept()
-                except BlockingIOError:
-                    break
-                except OSError as exc:
-                    if exc.errno in _RESOURCE_ERRNOS:
-                        logger.error("accept() failed (%s); retrying in 0.1 s", exc)
-                        await anyio.sleep(0.1)
+        limiter = self.limiter
+        slot: object | None = None
+        try:
+            while True:
+                for _ in range(_ACCEPT_BATCH):
+                    if limiter is not None and slot is None:
+                        slot = object()
+                        try:
+                            limiter.acquire_on_behalf_of_nowait(slot)
+                        except WouldBlock:
+                            # at max_connections: leave newcomers in the backlog
+                            await limiter.acquire_on_behalf_of(slot)
+                    try:
+                        conn, _ = sock.accept()
+                    except BlockingIOError:
                         break
-                    if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
-                        continue
-                    raise
-                self.start_socket_connection(conn)
-            else:
-                # a flood of connections: let the handlers run too
-                await anyio.lowlevel.checkpoint()
-                continue
-            await wait_readable(sock)
+                    except OSError as exc:
+                        if exc.errno in _RESOURCE_ERRNOS:
+                            logger.error("accept() failed (%s); retrying in 0.1 s", exc)
+                            await anyio.sleep(0.1)
+                            break
+                        if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
+                            continue
+                        raise
+                    self.start_socket_connection(conn, slot)
+                    slot = None  # the connection releases it
+                else:
+                    # a flood of connections: let the handlers run too
+                    await anyio.lowlevel.checkpoint()
+                    continue
+                await wait_readable(sock)
+        finally:
+            if slot is not None and limiter is not None:
+                limiter.release_on_behalf_of(slot)
 
-    def _spawn(self, transport: Transport, local: str, peer: str) -> None:
-        if self.task_group is None:
+    def _spawn(self, transport: Transport, local: str, peer: str, slot: object | None) -> None:
+        if self.task_group is None or self.shutdown_started:
             raise RuntimeError("the listener is not running")
         self.task_group.start_soon(
-            self.run_connection, transport, local, peer, name=f"anyio_comm {peer}"
+            self.run_connection, transport, local, peer, slot, name=f"anyio_comm {peer}"
         )
 
-    def start_socket_connection(self, conn: socket.socket) -> None:
+    def start_socket_connection(self, conn: socket.socket, slot: object | None) -> None:
         try:
-            configure_socket(conn)
+            configure_socket(conn, self.keepalive)
             local = format_socket_address(conn.family, conn.getsockname(), self.scheme)
             peer = format_socket_address(conn.family, conn.getpeername(), self.scheme)
         except OSError as exc:  # reset before we got to it
             logger.debug("dropping connection: %s", exc)
             conn.close()
+            if slot is not None and self.limiter is not None:
+                self.limiter.release_on_behalf_of(slot)
             return
         transport: Transport = SocketTransport(conn)
         if self.ssl_context is not None:
             transport = TLSTransport(transport, self.ssl_context, server_side=True)
-        self._spawn(transport, local, peer)
+        self._spawn(transport, local, peer, slot)
 
     def start_inproc_connection(self, stream: MemoryByteStream, peer: str) -> None:
-        self._spawn(StreamTransport(stream), self.listener.address, peer)
+        # inproc connections take their max_connections slot in their own task
+        self._spawn(StreamTransport(stream), self.listener.address, peer, None)
 
-    async def run_connection(self, transport: Transport, local: str, peer: str) -> None:
+    async def run_connection(
+        self, transport: Transport, local: str, peer: str, slot: object | None
+    ) -> None:
+        limiter = self.limiter
+        connection = _Connection()
+        self.connections.add(connection)
+        try:
+            with connection.scope:
+                if limiter is not None and slot is None:
+                    slot = object()
+                    await limiter.acquire_on_behalf_of(slot)
+                await self._run_connection(connection, transport, local, peer)
+        finally:
+            self.connections.discard(connection)
+            if slot is not None and limiter is not None:
+                limiter.release_on_behalf_of(slot)
+            if self.shutdown_started and not self.connections:
+                self.all_closed.set()
+
+    async def _run_connection(
+        self, connection: _Connection, transport: Transport, local: str, peer: str
+    ) -> None:
+        if self.shutdown_started:
+            transport.abort()
+            return
         try:
             with anyio.fail_after(self.handshake_timeout):
                 comm = await establish(
@@ -239,6 +372,7 @@ class _Server:
         except BaseException:
             transport.abort()
             raise
+        connection.comm = comm  # (a shutdown during the handshake cancelled the scope)
         listener = self.listener
         listener._active += 1
         try:
@@ -251,6 +385,24 @@ class _Server:
         finally:
             listener._active -= 1
             await comm.aclose()
+
+    async def shutdown(self, grace_period: float) -> None:
+        if not self.shutdown_started:
+            self.shutdown_started = True
+            self.accept_scope.cancel()
+            self.stop_accepting()
+            for connection in list(self.connections):
+                connection.cancel_if_idle()
+            if not self.connections:
+                self.all_closed.set()
+            with anyio.move_on_after(grace_period):
+                await self.all_closed.wait()
+            for connection in list(self.connections):
+                connection.scope.cancel()
+            await self.all_closed.wait()
+            self.stopped.set()
+        else:
+            await self.stopped.wait()
 
 
 def _close_listening(sockets: list[socket.socket], unix_path: str | None, inode: int) -> None:
@@ -272,6 +424,9 @@ async def listen(
     handler: Handler,
     *,
     handshake_timeout: float = 10.0,
+    max_connections: int | None = None,
+    idle_timeout: float | None = None,
+    keepalive: float | None = None,
     backlog: int = 1024,
     limits: Limits | None = None,
     read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
@@ -286,7 +441,7 @@ async def listen(
     runs in its own task after a successful handshake; its comm is closed when
     the handler returns. Leaving the block cancels every handler, closes every
     connection and the listening sockets, and (for ``unix://``) removes the
-    socket file.
+    socket file; for a graceful stop, call :meth:`Listener.shutdown` first.
 
     Args:
         address: ``tcp://host:port`` (port 0 picks a free port; a host name may
@@ -295,6 +450,16 @@ async def listen(
         handler: ``async def handler(comm: Comm)``.
         handshake_timeout: seconds a new connection has to complete the
             handshakes (TLS and anyio-comm) before it is dropped.
+        max_connections: the most connections open at once, handshaking ones
+            included. At the limit, no more are accepted: new ones wait in the
+            ``backlog`` (where the client's ``connect`` waits, and its
+            ``timeout`` runs) until a connection closes. ``None``: no limit.
+        idle_timeout: a handler's :meth:`Comm.receive` fails with
+            :exc:`IdleTimeoutError`, and its connection is closed, when the
+            client sends nothing for this many seconds while the handler waits
+            for it. The listener logs that at DEBUG level. ``None``: no limit.
+        keepalive: TCP keepalive for accepted TCP and TLS connections, as in
+            :func:`connect`.
         ssl_context: required for ``tls://`` (and only allowed there): the
             server context, e.g. ``ssl.create_default_context(
             ssl.Purpose.CLIENT_AUTH)`` with ``load_cert_chain(...)``; set its
@@ -309,21 +474,38 @@ async def listen(
     Raises:
         ValueError: malformed address, unknown scheme, invalid option, or
             ``ssl_context`` missing for ``tls://`` (or given for another scheme).
-        TypeError: ``handler`` is not callable.
+        TypeError: ``handler`` is not callable, or a duration option is not a
+            number.
         OSError: the address could not be bound (in use, permission, ...).
     """
     parsed: Address = parse_address(address)
     check_tls_options(parsed, ssl_context)
     if not callable(handler):
         raise TypeError("handler must be an async callable taking a Comm")
-    if handshake_timeout <= 0:
-        raise ValueError("handshake_timeout must be positive")
-    options = make_options(limits, read_buffer_size, allocator, oob_threshold, allow_pickle)
+    check_seconds("handshake_timeout", handshake_timeout)
+    check_seconds("keepalive", keepalive)
+    if max_connections is not None and (
+        isinstance(max_connections, bool)
+        or not isinstance(max_connections, int)
+        or max_connections < 1
+    ):
+        raise ValueError(
+            f"max_connections must be a positive int or None, not {max_connections!r}"
+        )
+    options = make_options(
+        limits, read_buffer_size, allocator, oob_threshold, allow_pickle, idle_timeout
+    )
     sockets: list[socket.socket] = []
     unix_path: str | None = None
     inode = -1
     inproc_name: str | None = None
     body_error: Exception | None = None
+
+    def stop_accepting() -> None:
+        if inproc_name is not None:
+            unregister(inproc_name)
+        _close_listening(sockets, unix_path, inode)
+
     try:
         # Bind before the task group exists, so errors are raised as they are.
         if parsed.scheme in ("tcp", "tls"):
@@ -336,15 +518,17 @@ async def listen(
             unix_path = parsed.path
             inode = os.stat(unix_path).st_ino
             addresses = [f"unix://{parsed.path}"]
-        server = _Server(handler, options, handshake_timeout, ssl_context)
+        server = _Server(
+            handler, options, handshake_timeout, ssl_context, keepalive, max_connections
+        )
         if parsed.scheme == "inproc":
             inproc_name = register(parsed.path, server.start_inproc_connection)
             addresses = [f"inproc://{inproc_name}"]
-        server.listener = Listener(addresses)
+        server.listener = Listener(addresses, server, max_connections)
+        server.stop_accepting = stop_accepting
         async with anyio.create_task_group() as task_group:
             server.task_group = task_group
-            for sock in sockets:
-                task_group.start_soon(server.accept_loop, sock, name=f"accept {addresses[0]}")
+            task_group.start_soon(server.accept_loops, sockets, name=f"accept {addresses[0]}")
             try:
                 yield server.listener
             except Exception as exc:
@@ -353,9 +537,7 @@ async def listen(
                 body_error = exc
             task_group.cancel_scope.cancel()
     finally:
-        if inproc_name is not None:
-            unregister(inproc_name)
-        _close_listening(sockets, unix_path, inode)
+        stop_accepting()
     if body_error is not None:
         raise body_error
 
@@ -366,6 +548,9 @@ async def serve(
     *,
     task_status: TaskStatus[Listener] = TASK_STATUS_IGNORED,
     handshake_timeout: float = 10.0,
+    max_connections: int | None = None,
+    idle_timeout: float | None = None,
+    keepalive: float | None = None,
     backlog: int = 1024,
     limits: Limits | None = None,
     read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
@@ -373,17 +558,22 @@ async def serve(
     oob_threshold: int = DEFAULT_OOB_THRESHOLD,
     allow_pickle: bool = False,
     ssl_context: ssl.SSLContext | None = None,
-) -> NoReturn:
-    """Run a listener until cancelled; made for :meth:`anyio.abc.TaskGroup.start`.
+) -> None:
+    """Run a listener; made for :meth:`anyio.abc.TaskGroup.start`.
 
     ``listener = await task_group.start(serve, "tcp://127.0.0.1:0", handler)``
-    returns the :class:`Listener` once it is bound; cancelling the task group
-    stops it. Arguments and errors are those of :func:`listen`.
+    returns the :class:`Listener` once it is bound. It runs until cancelled
+    (cancelling the task group stops it at once) or until
+    ``await listener.shutdown(grace_period)`` completes, when it returns.
+    Arguments and errors are those of :func:`listen`.
     """
     async with listen(
         address,
         handler,
         handshake_timeout=handshake_timeout,
+        max_connections=max_connections,
+        idle_timeout=idle_timeout,
+        keepalive=keepalive,
         backlog=backlog,
         limits=limits,
         read_buffer_size=read_buffer_size,
@@ -393,5 +583,5 @@ async def serve(
         ssl_context=ssl_context,
     ) as listener:
         task_status.started(listener)
-        await anyio.sleep_forever()
-    raise AssertionError("unreachable")  # pragma: no cover
+        assert listener._server is not None
+        await listener._server.stopped.wait()
