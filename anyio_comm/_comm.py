@@ -262,7 +262,9 @@ class Comm(ObjectStream[Any]):
                 return await self._transport.receive_into(buffer)
         finally:
             self._waiting_idle = False
-        await self._fail()
+        # Between messages the peer loses nothing: close gracefully (it sees
+        # the end of the stream); inside a message, break the connection.
+        await self._fail(graceful=idle)
         raise IdleTimeoutError(f"nothing received for {self._idle_timeout:g} s")
 
     # -- sending -----------------------------------------------------------
@@ -375,13 +377,20 @@ class Comm(ObjectStream[Any]):
         self._state = _State.CLOSED
         await self._transport.aclose()
 
-    async def _fail(self) -> None:
-        """Mark the comm broken and close the transport, even under cancellation."""
+    async def _fail(self, *, graceful: bool = False) -> None:
+        """Mark the comm broken and close the transport, even under cancellation.
+
+        ``graceful`` closes it as :meth:`aclose` does (TLS sends close_notify);
+        otherwise it is aborted.
+        """
         if self._state is _State.OPEN:
             self._state = _State.BROKEN
-            self._transport.abort()
             with CancelScope(shield=True):
-                await aclose_forcefully(self._transport)
+                if graceful:
+                    await self._transport.aclose()
+                else:
+                    self._transport.abort()
+                    await aclose_forcefully(self._transport)
 
     def _check_state(self) -> None:
         if self._state is _State.CLOSED:

@@ -325,6 +325,7 @@ async def from_stream(
     stream: ByteStream,
     *,
     timeout: float | None = None,
+    idle_timeout: float | None = None,
     limits: Limits | None = None,
     read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
     allocator: Allocator | None = None,
@@ -344,16 +345,20 @@ async def from_stream(
         stream: a connected :class:`anyio.abc.ByteStream`.
         timeout: seconds for the handshake.
         local_address, peer_address: strings reported by the comm.
-        limits, read_buffer_size, allocator, oob_threshold, allow_pickle: as
-            in :func:`connect`.
+        idle_timeout, limits, read_buffer_size, allocator, oob_threshold,
+            allow_pickle: as in :func:`connect`.
 
     Raises:
         ValueError: invalid option.
+        TypeError: a duration option is not a number.
         TimeoutError: ``timeout`` expired.
         RemoteProtocolError: the peer does not speak anyio-comm.
         anyio.BrokenResourceError: the stream failed during the handshake.
     """
-    options = make_options(limits, read_buffer_size, allocator, oob_threshold, allow_pickle)
+    check_seconds("timeout", timeout)
+    options = make_options(
+        limits, read_buffer_size, allocator, oob_threshold, allow_pickle, idle_timeout
+    )
     transport = StreamTransport(stream)
     try:
         with anyio.fail_after(timeout):

@@ -373,6 +373,7 @@ class _Server:
             transport.abort()
             raise
         connection.comm = comm  # (a shutdown during the handshake cancelled the scope)
+        comm._watched = True  # track waits at a message boundary, for shutdown()
         listener = self.listener
         listener._active += 1
         try:

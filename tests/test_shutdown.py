@@ -1,0 +1,333 @@
+"""Listener limits (max_connections), idle timeout and graceful shutdown."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+from typing import Any
+
+import anyio
+import pytest
+from anyio import EndOfStream, get_cancelled_exc_class
+
+import anyio_comm
+from anyio_comm import Comm, IdleTimeoutError
+from anyio_comm._sansio.wire import Limits, encode_header, encode_preamble
+
+from .certs import client_context, server_context
+from .helpers import ADDRESS_TRANSPORTS, listen_address, open_fds, running_tasks
+
+KINDS = [*ADDRESS_TRANSPORTS, "tls1.3"]
+
+
+def tls_options(kind: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    if kind != "tls1.3":
+        return {}, {}
+    return (
+        {"ssl_context": server_context(ssl.TLSVersion.TLSv1_3)},
+        {"ssl_context": client_context(ssl.TLSVersion.TLSv1_3)},
+    )
+
+
+async def wait_until(predicate: Any, what: str, timeout: float = 10) -> None:
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.005)
+
+
+def refused_errors() -> tuple[type[BaseException], ...]:
+    return (ConnectionRefusedError, FileNotFoundError)
+
+
+# -- max_connections ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_max_connections_queues_the_rest(kind: str) -> None:
+    server_kw, client_kw = tls_options(kind)
+    release = {i: anyio.Event() for i in range(5)}
+    running: list[int] = []
+    peak = 0
+
+    async def handler(comm: Comm) -> None:
+        nonlocal peak
+        i = await comm.receive()
+        running.append(i)
+        peak = max(peak, len(running))
+        await comm.send(("started", i))
+        await release[i].wait()
+        running.remove(i)
+
+    async with listen_address(kind) as address:
+        async with anyio_comm.listen(address, handler, max_connections=2, **server_kw) as listener:
+            assert listener.max_connections == 2
+            results: dict[int, Any] = {}
+
+            async def client(i: int) -> None:
+                async with await anyio_comm.connect(
+                    listener.address, timeout=20, **client_kw
+                ) as c:
+                    await c.send(i)
+                    results[i] = await c.receive()
+
+            async with anyio.create_task_group() as tg:
+                for i in range(5):
+                    tg.start_soon(client, i)
+                await wait_until(lambda: len(results) == 2, "two served")
+                await anyio.sleep(0.2)  # the other three stay queued
+                assert len(results) == 2
+                assert listener.active_connections == 2
+                for i in list(results):
+                    release[i].set()
+                await wait_until(lambda: len(results) == 4, "four served")
+                for i in range(5):
+                    release[i].set()
+            assert sorted(results) == list(range(5))
+            assert all(reply == ["started", i] for i, reply in results.items())
+            assert peak == 2
+            await wait_until(lambda: listener.active_connections == 0, "all closed")
+
+
+async def test_max_connections_counts_handshakes_and_queued_clients_can_time_out() -> None:
+    done = anyio.Event()
+
+    async def handler(comm: Comm) -> None:
+        await done.wait()
+
+    async with anyio_comm.listen("tcp://127.0.0.1:0", handler, max_connections=1) as listener:
+        async with await anyio_comm.connect(listener.address, timeout=10):
+            # the second one sits in the backlog: its handshake never starts
+            with anyio.fail_after(10), pytest.raises(TimeoutError):
+                await anyio_comm.connect(listener.address, timeout=0.3)
+            done.set()
+        # the timed-out client is dropped once its turn comes; the slot is freed
+        async with await anyio_comm.connect(listener.address, timeout=10) as comm:
+            await comm.send_eof()
+            with anyio.fail_after(10), pytest.raises(EndOfStream):
+                await comm.receive()
+
+
+@pytest.mark.parametrize("value", [0, -1, 1.5, True])
+async def test_bad_max_connections(value: Any) -> None:
+    with pytest.raises(ValueError, match="max_connections"):
+        async with anyio_comm.listen("tcp://127.0.0.1:0", lambda c: None, max_connections=value):
+            pass  # pragma: no cover
+
+
+# -- idle timeout --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_listener_idle_timeout_closes_silent_connections(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    server_kw, client_kw = tls_options(kind)
+    seen: list[BaseException] = []
+
+    async def handler(comm: Comm) -> None:
+        try:
+            async for message in comm:
+                await comm.send(message)
+        except BaseException as exc:
+            seen.append(exc)
+            raise
+
+    caplog.set_level(logging.DEBUG, logger="anyio_comm")
+    async with listen_address(kind) as address:
+        async with anyio_comm.listen(address, handler, idle_timeout=0.3, **server_kw) as listener:
+            async with await anyio_comm.connect(listener.address, timeout=10, **client_kw) as c:
+                await c.send("hello")
+                assert await c.receive() == "hello"
+                # then silence: the server closes the connection, gracefully
+                with anyio.fail_after(10), pytest.raises(EndOfStream):
+                    await c.receive()
+            await wait_until(lambda: listener.active_connections == 0, "closed")
+    assert len(seen) == 1 and isinstance(seen[0], IdleTimeoutError)
+    records = [r for r in caplog.records if r.name == "anyio_comm"]
+    assert any("IdleTimeoutError" in r.getMessage() for r in records)
+    assert all(r.levelno == logging.DEBUG for r in records)
+
+
+async def test_listener_idle_timeout_spares_active_clients() -> None:
+    async def echo(comm: Comm) -> None:
+        async for message in comm:
+            await comm.send(message)
+
+    # 20 requests 50 ms apart: the whole exchange outlasts the idle timeout
+    async with anyio_comm.listen("tcp://127.0.0.1:0", echo, idle_timeout=0.5) as listener:
+        async with await anyio_comm.connect(listener.address, timeout=10) as c:
+            for i in range(20):
+                await anyio.sleep(0.05)
+                await c.send(i)
+                assert await c.receive() == i
+
+
+# -- graceful shutdown ---------------------------------------------------------
+
+
+async def echo_handler(comm: Comm) -> None:
+    async for message in comm:
+        await comm.send(message)
+
+
+async def assert_refused(address: str, client_kw: dict[str, Any]) -> None:
+    with anyio.fail_after(10), pytest.raises(refused_errors()):
+        await anyio_comm.connect(address, timeout=5, **client_kw)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_shutdown_ends_idle_handlers_at_once(kind: str) -> None:
+    server_kw, client_kw = tls_options(kind)
+    async with listen_address(kind) as address:
+        async with anyio_comm.listen(address, echo_handler, **server_kw) as listener:
+            clients = [
+                await anyio_comm.connect(listener.address, timeout=10, **client_kw)
+                for _ in range(3)
+            ]
+            for i, c in enumerate(clients):
+                await c.send(i)
+                assert await c.receive() == i
+            assert not listener.shutting_down
+            with anyio.fail_after(10):  # far below the grace period: nobody was busy
+                await listener.shutdown(grace_period=60)
+            assert listener.shutting_down
+            assert listener.active_connections == 0
+            for c in clients:
+                with anyio.fail_after(10), pytest.raises(EndOfStream):
+                    await c.receive()
+                await c.aclose()
+            await assert_refused(listener.address, client_kw)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_shutdown_lets_busy_handlers_finish(kind: str) -> None:
+    server_kw, client_kw = tls_options(kind)
+    busy = anyio.Event()
+    finish = anyio.Event()
+    outcome: list[str] = []
+
+    async def handler(comm: Comm) -> None:
+        try:
+            async for request in comm:
+                busy.set()
+                await finish.wait()  # "work" that outlives the start of the shutdown
+                await comm.send({"reply": request})
+            outcome.append("returned")
+        except get_cancelled_exc_class():
+            outcome.append("cancelled")
+            raise
+
+    async with listen_address(kind) as address:
+        async with anyio_comm.listen(address, handler, **server_kw) as listener:
+            async with await anyio_comm.connect(listener.address, timeout=10, **client_kw) as c:
+                await c.send("work")
+                with anyio.fail_after(10):
+                    await busy.wait()
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(listener.shutdown, 60)
+                    await wait_until(lambda: listener.shutting_down, "shutting down")
+                    await anyio.sleep(0.1)
+                    assert outcome == []  # busy: not cancelled
+                    await assert_refused(listener.address, client_kw)
+                    finish.set()
+                    # the reply is delivered, then the handler is stopped at
+                    # its next receive() and the connection ends cleanly
+                    with anyio.fail_after(10):
+                        assert await c.receive() == {"reply": "work"}
+                    with anyio.fail_after(10), pytest.raises(EndOfStream):
+                        await c.receive()
+    assert outcome == ["cancelled"]
+
+
+@pytest.mark.parametrize("kind", ["tcp", "inproc"])
+async def test_shutdown_cancels_handlers_after_the_grace_period(kind: str) -> None:
+    outcome: list[str] = []
+
+    async def stuck(comm: Comm) -> None:
+        await comm.receive()
+        try:
+            await anyio.sleep_forever()
+        finally:
+            outcome.append("cancelled")
+
+    async with listen_address(kind) as address:
+        async with anyio_comm.listen(address, stuck) as listener:
+            async with await anyio_comm.connect(listener.address, timeout=10) as c:
+                await c.send("x")
+                await wait_until(lambda: listener.active_connections == 1, "connected")
+                await anyio.sleep(0.05)
+                with anyio.fail_after(10):
+                    await listener.shutdown(grace_period=0.2)
+                assert outcome == ["cancelled"]
+                with anyio.fail_after(10), pytest.raises(EndOfStream):
+                    await c.receive()
+
+
+async def test_shutdown_waits_for_a_partly_received_message() -> None:
+    """A handler in receive() with half a message is busy, not idle."""
+    got: list[Any] = []
+
+    async def handler(comm: Comm) -> None:
+        async for message in comm:
+            got.append(bytes(message))
+            await comm.send_frames([b"ack"])
+
+    async with anyio_comm.listen("tcp://127.0.0.1:0", handler) as listener:
+        port = int(listener.address.rsplit(":", 1)[1])
+        async with await anyio.connect_tcp("127.0.0.1", port) as raw:
+            await raw.send(encode_preamble(Limits()))
+            body = anyio_comm._sansio.serialization.Serializer().dumps(b"x" * 100)
+            message = encode_header([f.nbytes for f in body]) + b"".join(bytes(f) for f in body)
+            await raw.send(message[: len(message) // 2])
+            await wait_until(lambda: listener.active_connections == 1, "connected")
+            await anyio.sleep(0.05)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(listener.shutdown, 60)
+                await anyio.sleep(0.2)
+                assert listener.active_connections == 1  # still waiting for the rest
+                await raw.send(message[len(message) // 2 :])
+                data = b""
+                with anyio.fail_after(10):
+                    while True:
+                        try:
+                            data += await raw.receive()
+                        except (anyio.EndOfStream, anyio.BrokenResourceError):
+                            break
+    assert got == [b"x" * 100]
+    assert data.endswith(b"ack")
+
+
+async def test_serve_returns_after_shutdown_and_shutdown_is_idempotent() -> None:
+    before_fds, before_tasks = open_fds(), running_tasks()
+    async with anyio.create_task_group() as tg:
+        listener = await tg.start(anyio_comm.serve, "tcp://127.0.0.1:0", echo_handler)
+        async with await anyio_comm.connect(listener.address, timeout=10) as c:
+            await c.send(1)
+            assert await c.receive() == 1
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as inner:
+                    inner.start_soon(listener.shutdown, 5)
+                    inner.start_soon(listener.shutdown, 5)
+                await listener.shutdown()
+        # serve() returned by itself: nothing cancels tg here
+    assert open_fds() == before_fds
+    assert running_tasks() == before_tasks
+    with pytest.raises(ValueError, match="grace_period"):
+        await listener.shutdown(-1)
+
+
+async def test_shutdown_drops_connections_still_in_their_handshake() -> None:
+    async with anyio_comm.listen("tcp://127.0.0.1:0", echo_handler) as listener:
+        port = int(listener.address.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port)) as silent:
+            silent.setblocking(False)
+            await anyio.sleep(0.1)  # accepted; waiting for our preamble
+            with anyio.fail_after(5):
+                await listener.shutdown(grace_period=60)
+            await anyio.wait_readable(silent)
+            data = b""
+            while chunk := silent.recv(4096):
+                data += chunk
+            # it got our preamble at most, then EOF (or a reset)
+            assert len(data) < 64
