@@ -345,8 +345,8 @@ async def from_stream(
         stream: a connected :class:`anyio.abc.ByteStream`.
         timeout: seconds for the handshake.
         local_address, peer_address: strings reported by the comm.
-        idle_timeout, limits, read_buffer_size, allocator, oob_threshold,
-            allow_pickle: as in :func:`connect`.
+        idle_timeout, limits, read_buffer_size, allocator, oob_threshold, allow_pickle: as
+            in :func:`connect`.
 
     Raises:
         ValueError: invalid option.
