@@ -168,15 +168,16 @@ class Listener:
         Do not call it from a handler of this listener: it would wait for its
         own caller.
 
+        After the :func:`listen` block was left, there is nothing to do and
+        it returns at once.
+
         Raises:
             ValueError: ``grace_period`` is negative.
-            RuntimeError: the listener is not running.
         """
-        if grace_period < 0:
-            raise ValueError("grace_period must not be negative")
-        if self._server is None:
-            raise RuntimeError("the listener is not running")
-        await self._server.shutdown(grace_period)
+        if not grace_period >= 0:
+            raise ValueError(f"grace_period must not be negative, not {grace_period!r}")
+        if self._server is not None:
+            await self._server.shutdown(grace_period)
 
 
 async def _bind_tcp(host: str, port: int, backlog: int) -> list[socket.socket]:

@@ -331,3 +331,11 @@ async def test_shutdown_drops_connections_still_in_their_handshake() -> None:
                 data += chunk
             # it got our preamble at most, then EOF (or a reset)
             assert len(data) < 64
+
+
+async def test_shutdown_after_leaving_listen_returns_at_once() -> None:
+    async with anyio_comm.listen("inproc://", echo_handler) as listener:
+        pass
+    with anyio.fail_after(5):
+        await listener.shutdown(10)
+    assert listener.shutting_down
