@@ -17,6 +17,7 @@ import anyio_comm
 from anyio_comm import Comm, IdleTimeoutError, RemoteProtocolError
 from anyio_comm import _connect as connect_module
 from anyio_comm._connect import RETRY_FIRST_DELAY, RETRY_MAX_DELAY, keepalive_settings
+from anyio_comm.testing import comm_pair
 
 from .certs import client_context, server_context
 from .helpers import ADDRESS_TRANSPORTS, connected_pair, listen_address, temp_unix_address
@@ -302,3 +303,19 @@ async def test_no_idle_timeout_by_default() -> None:
             await client.receive()
         assert scope.cancelled_caught
         assert not client.closed
+
+
+@pytest.mark.parametrize(
+    ("options", "error"),
+    [
+        ({"idle_timeout": -1}, ValueError),
+        ({"read_buffer_size": 1}, ValueError),
+        ({"timeout": "5"}, TypeError),
+        ({"no_such_option": 1}, TypeError),
+    ],
+)
+async def test_comm_pair_raises_bad_options_unwrapped(
+    options: dict[str, Any], error: type[Exception]
+) -> None:
+    with pytest.raises(error):
+        await comm_pair(**options)

@@ -5,10 +5,25 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._connect import from_stream
+from .._options import check_seconds, make_options
+from .._sansio.decoder import DEFAULT_READ_BUFFER_SIZE
+from .._sansio.serialization import DEFAULT_OOB_THRESHOLD
 from .._transports.memory import memory_byte_stream_pair
 
 if TYPE_CHECKING:
     from .._comm import Comm
+
+_OPTIONS = frozenset(
+    {
+        "timeout",
+        "idle_timeout",
+        "limits",
+        "read_buffer_size",
+        "allocator",
+        "oob_threshold",
+        "allow_pickle",
+    }
+)
 
 
 async def comm_pair(
@@ -21,7 +36,22 @@ async def comm_pair(
 
     Raises:
         ValueError: invalid option.
+        TypeError: unknown option, or a duration option is not a number.
     """
+    # Validate here, so that a bad option raises itself, not an ExceptionGroup
+    # of two copies from the task group below.
+    unknown = set(options) - _OPTIONS
+    if unknown:
+        raise TypeError(f"comm_pair() got unexpected options: {', '.join(sorted(unknown))}")
+    check_seconds("timeout", options.get("timeout"))
+    make_options(
+        options.get("limits"),
+        options.get("read_buffer_size", DEFAULT_READ_BUFFER_SIZE),
+        options.get("allocator"),
+        options.get("oob_threshold", DEFAULT_OOB_THRESHOLD),
+        options.get("allow_pickle", False),
+        options.get("idle_timeout"),
+    )
     a, b = memory_byte_stream_pair(max_chunks=max_chunks, chunk_size=chunk_size)
     comms: list[Comm] = []
 
