@@ -1,0 +1,479 @@
+"""Many connections at once: connect time, request latency and server memory.
+
+A server process runs one :func:`anyio_comm.listen` with an echo handler; a
+client process opens ``--connections`` comms (``--connect-concurrency`` connect
+calls at a time, under the listen backlog of 1024), and once every one is
+open, all of them do ``--round-trips`` request/reply round trips of
+``--size``-byte payloads at once, each request tagged with its connection and
+sequence number and checked on return. The connections are closed only after
+the last round trip, so all of them are open together for the whole
+measurement. Both processes raise their ``RLIMIT_NOFILE`` soft limit to the
+hard limit when needed, and are pinned to two different CPUs (server on the
+first, client on the second, ``os.sched_setaffinity``, as in
+``benchmarks.echo``); the output says which.
+
+Reported per backend: the time to open every connection, round-trip latency
+(p50, p99, max), round trips per second over the exchange phase, errors
+(failed connects, failed or mismatched round trips), the most connections the
+listener counted at once, and the server's resident set size before any
+connection, at its peak (``VmHWM``, reset once the listener is up, and 10 ms
+samples) and the growth per connection.
+
+Run from the repository root::
+
+    python -m benchmarks.many_connections                     # 1000 connections, every backend
+    python -m benchmarks.many_connections --connections 1000 --round-trips 20 --size 1000 \\
+        --backend uvloop --transport tls --json many.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import multiprocessing
+import os
+import platform
+import resource
+import shutil
+import ssl
+import struct
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import anyio.to_thread
+
+import anyio_comm
+
+from .backpressure import MemoryWatch, read_memory
+from .echo import (
+    BACKENDS,
+    STARTUP_TIMEOUT,
+    TLSFiles,
+    _choose_cpus,
+    _loadavg,
+    _pin,
+    _receive,
+    _reporting_to,
+    _run,
+    _stop,
+    _versions,
+    client_context,
+    make_certificates,
+    server_context,
+)
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+TRANSPORTS = ("tcp", "unix", "tls")
+TLS_VERSION = "1.3"
+TAG = struct.Struct("!II")  # connection id, sequence number
+FD_MARGIN = 256  # file descriptors beyond one per connection
+
+
+@dataclass(frozen=True)
+class Case:
+    """One backend's run."""
+
+    backend: str
+    transport: str
+    connections: int
+    round_trips: int
+    size: int
+    connect_concurrency: int
+    seconds_max: float
+
+
+def raise_fd_limit(needed: int) -> int:
+    """Raise the soft RLIMIT_NOFILE to the hard limit if it is below ``needed``.
+
+    Returns:
+        The soft limit now in force.
+
+    Raises:
+        RuntimeError: even the hard limit is below ``needed``.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= needed:
+        return soft
+    if hard != resource.RLIM_INFINITY and hard < needed:
+        raise RuntimeError(
+            f"RLIMIT_NOFILE hard limit is {hard}; {needed} file descriptors are needed "
+            "(raise it with `ulimit -Hn` or use fewer --connections)"
+        )
+    raised = hard if hard != resource.RLIM_INFINITY else needed
+    resource.setrlimit(resource.RLIMIT_NOFILE, (raised, hard))
+    return raised
+
+
+# -- server -------------------------------------------------------------------
+
+
+async def _server(
+    conn: Connection, case: Case, address: str, ssl_context: ssl.SSLContext | None
+) -> dict[str, Any]:
+    """Echo until told ``"stop"``; return memory and connection counts."""
+    echoed = 0
+    most_active = 0
+    watch = MemoryWatch()
+    listener: anyio_comm.Listener | None = None
+
+    async def echo(comm: anyio_comm.Comm) -> None:
+        nonlocal echoed, most_active
+        if listener is not None:
+            most_active = max(most_active, listener.active_connections)
+        async for message in comm:
+            await comm.send(message)
+            echoed += 1
+
+    lifetime = 2 * STARTUP_TIMEOUT + case.seconds_max
+    cpu0 = time.process_time()
+    listening = anyio_comm.listen(address, echo, ssl_context=ssl_context)
+    with anyio.move_on_after(lifetime):
+        async with listening as listener, anyio.create_task_group() as tg:
+            await tg.start(watch.start)
+            conn.send(("ready", listener.address))
+            command = None
+            with contextlib.suppress(EOFError):
+                while command != "stop":
+                    command = await anyio.to_thread.run_sync(conn.recv, abandon_on_cancel=True)
+            tg.cancel_scope.cancel()
+    memory = watch.stop()
+    return {
+        "most_active": most_active,
+        "echoed": echoed,
+        "cpu_seconds": time.process_time() - cpu0,
+        **memory,
+    }
+
+
+def server_main(
+    conn: Connection, case: Case, tls: TLSFiles | None, unix_dir: str | None, cpu: int | None
+) -> None:
+    """Entry point of the server process."""
+    with _reporting_to(conn):
+        _pin(cpu)
+        raise_fd_limit(case.connections + FD_MARGIN)
+        ssl_context = server_context(tls, TLS_VERSION) if tls is not None else None
+        if case.transport == "unix":
+            assert unix_dir is not None
+            address = f"unix://{unix_dir}/many.sock"
+        else:
+            address = f"{case.transport}://127.0.0.1:0"
+        conn.send(("result", _run(case.backend, _server, conn, case, address, ssl_context)))
+
+
+# -- client -------------------------------------------------------------------
+
+
+async def _client(case: Case, address: str, ssl_context: ssl.SSLContext | None) -> dict[str, Any]:
+    options: dict[str, Any] = {"ssl_context": ssl_context} if ssl_context is not None else {}
+    filler = bytes(range(256)) * (case.size // 256 + 1)
+    errors: Counter[str] = Counter()
+    latencies: list[float] = []
+    comms: dict[int, anyio_comm.Comm] = {}
+    limiter = anyio.CapacityLimiter(case.connect_concurrency)
+
+    async def open_one(stack: contextlib.AsyncExitStack, cid: int) -> None:
+        try:
+            async with limiter:
+                comm = await anyio_comm.connect(address, timeout=STARTUP_TIMEOUT, **options)
+        except Exception as exc:
+            errors[f"connect: {type(exc).__name__}: {exc}"] += 1
+            return
+        stack.push_async_callback(comm.aclose)
+        comms[cid] = comm
+
+    async def exchange(cid: int, comm: anyio_comm.Comm) -> None:
+        done = 0
+        try:
+            for seq in range(case.round_trips):
+                data = (TAG.pack(cid, seq) + filler)[: max(case.size, TAG.size)]
+                t0 = time.perf_counter()
+                await comm.send({"data": data})
+                reply = await comm.receive()
+                latencies.append(time.perf_counter() - t0)
+                done += 1
+                if reply["data"] != data:
+                    errors["reply did not match its request"] += 1
+        except Exception as exc:
+            errors[f"round trip: {type(exc).__name__}: {exc}"] += case.round_trips - done
+
+    with anyio.fail_after(case.seconds_max):
+        async with contextlib.AsyncExitStack() as stack:
+            t0 = time.perf_counter()
+            async with anyio.create_task_group() as tg:
+                for cid in range(case.connections):
+                    tg.start_soon(open_one, stack, cid)
+            connect_seconds = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            cpu1 = time.process_time()
+            async with anyio.create_task_group() as tg:
+                for cid, comm in comms.items():
+                    tg.start_soon(exchange, cid, comm)
+            exchange_seconds = time.perf_counter() - t1
+            exchange_cpu = time.process_time() - cpu1
+            client_memory = read_memory()
+    ordered = sorted(latencies)
+
+    def percentile_ms(q: float) -> float | None:
+        return ordered[round(q * (len(ordered) - 1))] * 1e3 if ordered else None
+
+    return {
+        "opened": len(comms),
+        "connect_seconds": connect_seconds,
+        "exchange_seconds": exchange_seconds,
+        "round_trips_ok": len(latencies),
+        "rps": len(latencies) / exchange_seconds if exchange_seconds else None,
+        "p50_ms": percentile_ms(0.50),
+        "p99_ms": percentile_ms(0.99),
+        "max_ms": percentile_ms(1),
+        "client_cpu_us_per_rt": exchange_cpu / len(latencies) * 1e6 if latencies else None,
+        "errors": sum(errors.values()),
+        "error_kinds": dict(errors.most_common(5)),
+        "client_rss": client_memory["rss"],
+    }
+
+
+def client_main(
+    conn: Connection, case: Case, tls: TLSFiles | None, address: str, cpu: int | None
+) -> None:
+    """Entry point of the client process."""
+    with _reporting_to(conn):
+        _pin(cpu)
+        raise_fd_limit(case.connections + FD_MARGIN)
+        ssl_context = client_context(tls, TLS_VERSION) if tls is not None else None
+        conn.send(("result", _run(case.backend, _client, case, address, ssl_context)))
+
+
+# -- orchestration ------------------------------------------------------------
+
+
+def run_case(
+    ctx: Any, case: Case, cpus: tuple[int | None, int | None], tls: TLSFiles | None
+) -> dict[str, Any]:
+    """Run one backend in a fresh server and client process; return the measurements."""
+    server_conn, server_child = ctx.Pipe()
+    client_conn, client_child = ctx.Pipe()
+    unix_dir = tempfile.mkdtemp(prefix="acomm-many-") if case.transport == "unix" else None
+    server = ctx.Process(
+        target=server_main,
+        name="many-server",
+        daemon=True,
+        args=(server_child, case, tls, unix_dir, cpus[0]),
+    )
+    client = None
+    try:
+        server.start()
+        server_child.close()
+        _, address = _receive(server_conn, server, time.monotonic() + STARTUP_TIMEOUT)
+        client = ctx.Process(
+            target=client_main,
+            name="many-client",
+            daemon=True,
+            args=(client_child, case, tls, address, cpus[1]),
+        )
+        client.start()
+        client_child.close()
+        deadline = time.monotonic() + STARTUP_TIMEOUT + case.seconds_max
+        _, result = _receive(client_conn, client, deadline)
+        server_conn.send("stop")
+        _, served = _receive(server_conn, server, time.monotonic() + STARTUP_TIMEOUT)
+    finally:
+        for conn in (server_conn, server_child, client_conn, client_child):
+            conn.close()
+        for proc in (client, server):
+            _stop(proc)
+        if unix_dir is not None:
+            shutil.rmtree(unix_dir, ignore_errors=True)
+    growth = served["rss_growth"]
+    per_connection = growth / case.connections if growth is not None else None
+    return {**asdict(case), **result, "server": served, "server_bytes_per_conn": per_connection}
+
+
+# -- reporting ----------------------------------------------------------------
+
+
+def _num(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(results: list[dict[str, Any]]) -> str:
+    """One row per backend."""
+    head = (
+        f"{'backend':<9}{'transport':<10}{'conns':>6}{'open s':>8}{'rt/s':>9}{'p50 ms':>8}"
+        f"{'p99 ms':>8}{'max ms':>8}{'cli us/rt':>10}{'errors':>7}{'srv max':>8}"
+        f"{'srv RSS MB start/peak':>23}{'KB/conn':>9}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in results:
+        row = f"{r['backend']:<9}{r['transport']:<10}"
+        if "error" in r:
+            lines.append(f"{row}FAILED: {r['error']}")
+            continue
+        s = r["server"]
+        rss = f"{_num(s['rss_start'] and s['rss_start'] / 1e6, '.1f')}/" + _num(
+            s["rss_peak"] and s["rss_peak"] / 1e6, ".1f"
+        )
+        per_conn = r["server_bytes_per_conn"]
+        lines.append(
+            f"{row}{r['opened']:>6}{r['connect_seconds']:>8.2f}{_num(r['rps'], ',.0f'):>9}"
+            f"{_num(r['p50_ms'], '.2f'):>8}{_num(r['p99_ms'], '.2f'):>8}"
+            f"{_num(r['max_ms'], '.2f'):>8}{_num(r['client_cpu_us_per_rt'], '.1f'):>10}"
+            f"{r['errors']:>7}{s['most_active']:>8}{rss:>23}"
+            f"{_num(per_conn and per_conn / 1e3, '.1f'):>9}"
+        )
+        for kind, count in r["error_kinds"].items():
+            lines.append(f"    {count} x {kind}")
+    return "\n".join(lines)
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.many_connections",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add("--connections", type=_positive_int, default=1000, help="default: 1000")
+    add("--round-trips", type=_positive_int, default=20, help="per connection (default: 20)")
+    add("--size", type=_positive_int, default=1000, help="payload bytes (default: 1000)")
+    add(
+        "--backend",
+        choices=(*BACKENDS, "all"),
+        default="all",
+        help="asyncio, uvloop, trio or all (default: all)",
+    )
+    add("--transport", choices=TRANSPORTS, default="tcp", help="default: tcp")
+    add(
+        "--connect-concurrency",
+        type=_positive_int,
+        default=100,
+        help="connect calls in flight at once, at most 1000 (default: 100)",
+    )
+    add(
+        "--seconds-max",
+        type=float,
+        default=120.0,
+        help="bound on each backend's client run (default: 120)",
+    )
+    add("--no-pin", action="store_true", help="do not pin server and client to CPUs")
+    add("--json", metavar="PATH", help="also write the results and metadata as JSON")
+    args = parser.parse_args(argv)
+    if args.connect_concurrency > 1000:
+        parser.error("--connect-concurrency must stay under the listen backlog (1024)")
+    if not 0 < args.seconds_max <= 3600:
+        parser.error("--seconds-max must be in (0, 3600]")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run each backend and print the results; return the exit status."""
+    args = parse_args(argv)
+    backends = list(BACKENDS) if args.backend == "all" else [args.backend]
+    for name in ("uvloop", "trio"):
+        if name in backends and importlib.util.find_spec(name) is None:
+            print(f"note: {name} is not installed; skipping that backend", file=sys.stderr)
+            backends.remove(name)
+    if args.transport == "tls" and importlib.util.find_spec("trustme") is None:
+        print("error: --transport tls needs the trustme package", file=sys.stderr)
+        return 2
+    cpus, pinning = _choose_cpus(args.no_pin)
+    versions = _versions()
+    print(
+        f"anyio-comm many-connections benchmark: Python {platform.python_version()}, "
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs; "
+        + ", ".join(f"{k} {v}" for k, v in versions.items() if v)
+    )
+    load_before = _loadavg()
+    print(f"pinning: {pinning}; load average before: {load_before}")
+    print(
+        f"{args.transport}: {args.connections} connections open at once "
+        f"({args.connect_concurrency} connecting at a time), then {args.round_trips} round "
+        f"trips of {args.size} bytes on each, all concurrently; at most {args.seconds_max:g} s",
+        flush=True,
+    )
+    print(flush=True)
+    ctx = multiprocessing.get_context("spawn")
+    results: list[dict[str, Any]] = []
+    with contextlib.ExitStack() as stack:
+        tls_files = None
+        if args.transport == "tls":
+            directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="many-tls-"))
+            tls_files = make_certificates(directory)
+        for backend in backends:
+            case = Case(
+                backend,
+                args.transport,
+                args.connections,
+                args.round_trips,
+                args.size,
+                args.connect_concurrency,
+                args.seconds_max,
+            )
+            try:
+                result = run_case(ctx, case, cpus, tls_files)
+            except Exception as exc:
+                lines = [line.strip(" |+-") for line in str(exc).splitlines()]
+                summary = next((line for line in reversed(lines) if line), repr(exc))
+                result = {**asdict(case), "error": summary, "details": str(exc)}
+                print(f"{backend}: FAILED", exc, sep="\n", file=sys.stderr, flush=True)
+            else:
+                print(
+                    f"{backend}: {result['opened']} open in {result['connect_seconds']:.2f} s, "
+                    f"{result['errors']} errors",
+                    file=sys.stderr,
+                    flush=True,
+                )
+            results.append(result)
+    print(format_table(results))
+    print(
+        "\nopen s: time to open every connection; rt/s: round trips per second, all "
+        "connections together; cli us/rt: client CPU time per round trip;\nsrv max: most "
+        "connections the listener counted at once; KB/conn: server RSS growth (peak - start) "
+        "per connection."
+    )
+    if args.json:
+        command = sys.argv[1:] if argv is None else argv
+        metadata = {
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command": ["python", "-m", "benchmarks.many_connections", *command],
+            "python": sys.version,
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "pinning": pinning,
+            "server_cpu": cpus[0],
+            "client_cpu": cpus[1],
+            "load_average_before": load_before,
+            "load_average_after": _loadavg(),
+            "versions": versions,
+            "tls": None
+            if args.transport != "tls"
+            else {"version": TLS_VERSION, "openssl": ssl.OPENSSL_VERSION},
+            "options": {k: v for k, v in vars(args).items() if k != "json"},
+        }
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump({"metadata": metadata, "results": results}, fh, indent=2)
+            fh.write("\n")
+    failed = any("error" in r or r["errors"] or r["opened"] < r["connections"] for r in results)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
