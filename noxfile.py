@@ -1,6 +1,7 @@
 """Sessions: ``nox`` runs tests (Python 3.10-3.13), tests_asyncio_only, lint, typecheck, docs.
 
-``nox -s demo`` runs the echo demo; ``nox -s bench`` a short benchmark.
+``nox -s demo`` runs the echo demo; ``nox -s bench`` a short benchmark; ``nox -s soak``
+the backpressure and many-connection soak runs.
 """
 
 from __future__ import annotations
@@ -80,3 +81,11 @@ def bench(session: nox.Session) -> None:
     """A short run of the echo benchmark (anyio-comm vs plain AnyIO streams)."""
     session.install(".[bench]")
     session.run("python", "-m", "benchmarks.echo", "--seconds", "1", *session.posargs)
+
+
+@nox.session(python="3.11")
+def soak(session: nox.Session) -> None:
+    """Backpressure (2 GB per backend) and 1000 connections, each bounded in time."""
+    session.install(".[bench]")
+    session.run("python", "-m", "benchmarks.backpressure", "--seconds-max", "60")
+    session.run("python", "-m", "benchmarks.many_connections", "--seconds-max", "60")
