@@ -281,6 +281,9 @@ class Comm(ObjectStream[Any]):
            comm is marked broken and closed (the byte stream cannot be
            resynchronized); later calls raise :exc:`anyio.BrokenResourceError`.
            A send cancelled before any byte was written leaves the comm usable.
+           Over TLS, a send cancelled once the message was encrypted also
+           breaks the comm, even if no byte reached the socket yet (the TLS
+           record sequence cannot be rewound).
 
         Raises:
             SerializationError: the message cannot be serialized; nothing sent.

@@ -252,13 +252,15 @@ class SocketTransport(Transport):
                     sent = 0
 
     async def send_eof(self) -> None:
+        # The cancellation point comes first: once the FIN is out, returning
+        # normally is the only way to tell the caller it was sent.
+        await anyio.lowlevel.checkpoint()
         if self._closed:
             raise ClosedResourceError
         try:
             self._sock.shutdown(socket.SHUT_WR)
         except OSError as exc:
             raise self._translate(exc) from exc
-        await anyio.lowlevel.checkpoint()
 
     def abort(self) -> None:
         if self._closed:

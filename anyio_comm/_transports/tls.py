@@ -64,11 +64,13 @@ class TLSTransport(Transport):
     __slots__ = (
         "_cipher",
         "_closed",
+        "_eof",
         "_incoming",
         "_inner",
         "_outgoing",
         "_sending",
         "_ssl",
+        "_unsent",
     )
 
     def __init__(
@@ -92,6 +94,10 @@ class TLSTransport(Transport):
         self._cipher = memoryview(bytearray(CHUNK))
         self._closed = False
         self._sending = False
+        # send_eof() has shut the TLS session down for sending; ``_unsent`` is
+        # the close_notify ciphertext a cancelled send_eof() did not write yet
+        self._eof = False
+        self._unsent = b""
 
     @property
     def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
@@ -189,7 +195,7 @@ class TLSTransport(Transport):
             await self._fill()
 
     async def send_all(self, buffers: Sequence[Buffer]) -> None:
-        if self._closed:
+        if self._closed or self._eof:
             raise ClosedResourceError
         sslobj = self._ssl
         encrypted = False
@@ -218,13 +224,27 @@ class TLSTransport(Transport):
     async def send_eof(self) -> None:
         if self._closed:
             raise ClosedResourceError
-        try:
-            self._ssl.unwrap()
-        except ssl.SSLWantReadError:
-            pass  # our close_notify is out; the peer's is not needed to go on reading
-        except ssl.SSLError as exc:
-            raise BrokenResourceError(f"TLS error: {exc}") from exc
-        await self._flush()
+        if not self._eof:
+            try:
+                self._ssl.unwrap()
+            except ssl.SSLWantReadError:
+                pass  # our close_notify is out; the peer's is not needed to go on reading
+            except ssl.SSLError as exc:
+                raise BrokenResourceError(f"TLS error: {exc}") from exc
+            # From here on the session cannot send data (send_all raises
+            # ClosedResourceError, as after a completed send_eof): if the write
+            # below is cancelled before it wrote anything, calling send_eof()
+            # again (or aclose()) sends the close_notify.
+            self._eof = True
+            self._unsent = self._outgoing.read()
+        if self._unsent:
+            inner = self._inner
+            if inner.send_interrupted:
+                raise BrokenResourceError("a cancelled send_eof() wrote part of close_notify")
+            inner.yielded = False
+            await inner.send_all([self._unsent])
+            self.yielded |= inner.yielded
+            self._unsent = b""
 
     def abort(self) -> None:
         self._closed = True
@@ -242,11 +262,11 @@ class TLSTransport(Transport):
                 self._ssl.unwrap()
             except ssl.SSLError:
                 pass
-            if self._outgoing.pending:
+            if (self._unsent or self._outgoing.pending) and not self._inner.send_interrupted:
                 with CancelScope(shield=True) as scope:
                     scope.deadline = anyio.current_time() + CLOSE_NOTIFY_TIMEOUT
                     try:
-                        await self._inner.send_all([self._outgoing.read()])
+                        await self._inner.send_all([self._unsent + self._outgoing.read()])
                     except (BrokenResourceError, ClosedResourceError):
                         pass
         await self._inner.aclose()
