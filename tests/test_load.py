@@ -97,7 +97,7 @@ async def test_backpressure_bounds_memory(kind: str) -> None:
     * read-ahead buffers: 64 KiB per end;
     * ``inproc://``: the memory pipe holds 16 chunks of 64 KiB (``1 MiB``) per
       direction, plus one chunk being copied and one being read;
-    * TLS: a 256 KiB ciphertext receive buffer per end, plus at most one
+    * TLS: a ciphertext receive buffer of at most 256 KiB per end, plus at most one
       flushed ciphertext chunk of about 256 KiB; OpenSSL's own buffers are
       not Python allocations.
 

@@ -22,6 +22,7 @@ from anyio.streams.tls import TLSAttribute, TLSStream
 import anyio_comm
 from anyio_comm import Comm, Limits, RemoteProtocolError
 from anyio_comm._sansio.wire import encode_preamble
+from anyio_comm._transports.tls import CHUNK, FIRST_CIPHER_BUFFER
 
 from .certs import client_context, expired_server_cert, server_cert, server_context
 
@@ -193,8 +194,12 @@ async def test_20mb_memoryview_round_trips_intact(tls_version: ssl.TLSVersion) -
             async with await anyio_comm.connect(
                 listener.address, ssl_context=client_context(tls_version), timeout=10
             ) as comm:
+                # an idle connection's ciphertext buffer is small ...
+                assert comm._transport._cipher.nbytes == FIRST_CIPHER_BUFFER  # type: ignore[attr-defined]
                 await comm.send({"data": payload, "n": 1})
                 reply = await comm.receive()
+                # ... and bulk data grows it to a full chunk
+                assert comm._transport._cipher.nbytes == CHUNK  # type: ignore[attr-defined]
     assert reply["n"] == 1
     assert len(reply["data"]) == len(payload) and reply["data"] == payload
 

@@ -55,6 +55,8 @@ __all__ = ["TLSTransport"]
 
 #: ciphertext received per system call at most, and plaintext encrypted per flush
 CHUNK: Final = 256 * 1024
+#: the ciphertext receive buffer's first size: two full TLS records
+FIRST_CIPHER_BUFFER: Final = 2 * (16 * 1024 + 256)
 CLOSE_NOTIFY_TIMEOUT: Final = 0.1
 
 
@@ -91,7 +93,9 @@ class TLSTransport(Transport):
             server_side=server_side,
             server_hostname=server_hostname,
         )
-        self._cipher = memoryview(bytearray(CHUNK))
+        # Starts small (an idle connection costs little) and grows to CHUNK
+        # once a read fills it, i.e. when bulk data arrives.
+        self._cipher = memoryview(bytearray(FIRST_CIPHER_BUFFER))
         self._closed = False
         self._sending = False
         # send_eof() has shut the TLS session down for sending; ``_unsent`` is
@@ -124,10 +128,13 @@ class TLSTransport(Transport):
         """Receive ciphertext into the incoming BIO (EOF included)."""
         inner = self._inner
         inner.yielded = False
-        n = await inner.receive_into(self._cipher)
+        cipher = self._cipher
+        n = await inner.receive_into(cipher)
         self.yielded |= inner.yielded
         if n:
-            self._incoming.write(self._cipher[:n])
+            self._incoming.write(cipher[:n])
+            if n == cipher.nbytes < CHUNK:
+                self._cipher = memoryview(bytearray(min(CHUNK, 4 * n)))
         else:
             self._incoming.write_eof()
 
