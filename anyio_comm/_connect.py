@@ -276,7 +276,7 @@ async def connect(
         delay = _retry_delay(attempt)
         attempt += 1
         if delay >= remaining:
-            await anyio.sleep(remaining)
+            await anyio.sleep(max(0.0, remaining))
             raise TimeoutError(
                 f"could not connect to {address} within {timeout:g} s "
                 f"({attempt} attempts); last error: {last_error!r}"
