@@ -1,4 +1,9 @@
-"""Command line: ``python -m anyio_comm demo`` (also installed as ``anyio-comm``)."""
+"""Command line: ``python -m anyio_comm demo|bench|serve`` (also installed as ``anyio-comm``).
+
+* ``demo``: an echo listener and client in one process, with a short report;
+* ``bench``: an echo benchmark with client processes against a local or remote server;
+* ``serve``: the echo server for ``bench ADDRESS`` (between two hosts).
+"""
 
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from . import Comm, connect, listen
+from ._bench import OneLineParser, add_parsers, bench_main, serve_main
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -69,14 +75,21 @@ async def demo(address: str, backend: str, rounds: int, megabytes: int) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m anyio_comm``."""
-    parser = argparse.ArgumentParser(prog="anyio-comm", description=__doc__)
+    parser = OneLineParser(
+        prog="anyio-comm", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     demo_parser = commands.add_parser("demo", help="run an echo server and client, report")
     demo_parser.add_argument("--backend", choices=(*BACKENDS, "all"), default="all")
     demo_parser.add_argument("--address", default="tcp://127.0.0.1:0")
     demo_parser.add_argument("--rounds", type=int, default=2000)
     demo_parser.add_argument("--megabytes", type=int, default=50)
+    add_parsers(commands)
     args = parser.parse_args(argv)
+    if args.command == "bench":
+        return bench_main(args, argv)
+    if args.command == "serve":
+        return serve_main(args)
 
     backends = BACKENDS if args.backend == "all" else (args.backend,)
     for backend in backends:

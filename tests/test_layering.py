@@ -37,4 +37,7 @@ def test_no_orphan_tasks_anywhere() -> None:
         text = path.read_text()
         assert "create_task(" not in text, path
         assert "ensure_future" not in text, path
-        assert "threading" not in text, path
+        # The bench server's --gil-hold mode runs a GIL-holding thread on purpose: that
+        # thread is what it measures (the GIL convoy effect on the event loop).
+        if path != PACKAGE / "_bench" / "_server.py":
+            assert "threading" not in text, path

@@ -1,0 +1,564 @@
+"""``anyio-comm bench`` and ``anyio-comm serve``: parsing, orchestration and the report."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import importlib.util
+import json
+import multiprocessing
+import os
+import platform
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from multiprocessing.connection import wait as wait_for
+from typing import TYPE_CHECKING, Any
+
+from .. import __version__
+from .._addressing import parse_address
+from ._client import ClientSpec, client_process, open_comm
+from ._common import (
+    BACKENDS,
+    MAX_FRAMES,
+    MAX_MESSAGE,
+    OOB_THRESHOLD,
+    ClientTLS,
+    RunError,
+    ServerTLS,
+    UsageError,
+    allowed_cpus,
+    check_backend,
+    format_size,
+    one_line,
+    parse_size,
+    run_on,
+)
+from ._server import serve_command, server_process
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from multiprocessing.connection import Connection
+    from multiprocessing.process import BaseProcess
+
+STARTUP_TIMEOUT = 60.0  # seconds for the processes to start, import and connect
+STOP_TIMEOUT = 10.0  # seconds for a process to exit once told to
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line on stderr (exit status 2)."""
+
+    def error(self, message: str) -> Any:
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _count(top: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+        if not 1 <= value <= top:
+            raise argparse.ArgumentTypeError(f"expected 1 to {top}, got {value}")
+        return value
+
+    return parse
+
+
+def _seconds(low: float, high: float, *, open_low: bool = False) -> Any:
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
+        if not (low < value if open_low else low <= value) or not value <= high:
+            raise argparse.ArgumentTypeError(f"expected {low:g} to {high:g} seconds, got {text}")
+        return value
+
+    return parse
+
+
+def add_parsers(commands: Any) -> None:
+    """Add the ``bench`` and ``serve`` subcommands to ``commands`` (from add_subparsers)."""
+    bench = commands.add_parser(
+        "bench",
+        help="measure echo round trips against a local or remote bench server",
+        description="Echo benchmark: P client processes x C comms send messages of F frames "
+        "of B bytes and wait for each echo. Without ADDRESS, a local server process is "
+        "started on 127.0.0.1. Needs the 'bench' extra for uvloop, trio and --tls.",
+    )
+    add = bench.add_argument
+    add("address", nargs="?", help="server started with 'anyio-comm serve' (default: local)")
+    add("-p", "--processes", type=_count(64), default=1, help="client processes (default 1)")
+    add("-c", "--concurrency", type=_count(1000), default=1, help="comms per process (1)")
+    add("-f", "--frames", type=_count(MAX_FRAMES), default=1, help="frames per message (1)")
+    add("-s", "--size", type=_size, default=1000, help="bytes per frame: 1000, 1e6, 1MB, 1KiB")
+    add("--seconds", type=_seconds(0, 600, open_low=True), default=3.0, help="window (3)")
+    add("--warmup", type=_seconds(0, 60), default=0.5, help="warm-up seconds (0.5)")
+    add("--backend", choices=BACKENDS, default="asyncio", help="event loop (asyncio)")
+    add("--raw-frames", action="store_true", help="send_frames/receive_frames, no msgpack")
+    add("--tls", action="store_true", help="local run over TLS with trustme certificates")
+    add("--cafile", help="remote tls:// server: CA certificates to verify it with")
+    add("--certfile", help="remote tls:// server: client certificate (mutual TLS)")
+    add("--keyfile", help="private key of --certfile, if not in that file")
+    add("--server-hostname", help="remote tls:// server: name to verify instead of the host")
+    add("--gil-hold", action="store_true", help="local server runs a GIL-holding thread")
+    add("--no-pin", action="store_true", help="do not pin processes to CPUs")
+    add("--connect-timeout", type=_seconds(0, 300, open_low=True), default=10.0)
+    add("--json", metavar="PATH", help="also write the results and metadata as JSON")
+
+    serve = commands.add_parser(
+        "serve",
+        help="run a bench echo server until Ctrl-C or SIGTERM",
+        description="Echo server for 'anyio-comm bench ADDRESS'; prints its address.",
+    )
+    add = serve.add_argument
+    add("address", help="tcp://host:port (port 0: any), tls://host:port or unix:///path")
+    add("--backend", choices=BACKENDS, default="asyncio", help="event loop (asyncio)")
+    add("--tls", action="store_true", help="serve TLS (tcp:// becomes tls://)")
+    add("--certfile", help="server certificate chain (PEM), required for TLS")
+    add("--keyfile", help="private key of --certfile, if not in that file")
+    add("--cafile", help="require client certificates signed by these CAs")
+    add("--gil-hold", action="store_true", help="run a thread that holds the GIL")
+    add("--grace", type=_seconds(0, 600), default=5.0, help="shutdown grace seconds (5)")
+    add("--cpu", type=int, help="pin the server to this CPU")
+
+
+# -- serve ----------------------------------------------------------------------------------
+
+
+def serve_main(args: argparse.Namespace) -> int:
+    """``anyio-comm serve``; returns the exit status."""
+    try:
+        check_backend(args.backend)
+        address = args.address
+        scheme = _scheme(address)
+        if args.tls and scheme == "tcp":
+            address = "tls" + address[3:]
+        elif args.tls and scheme != "tls":
+            raise UsageError(f"--tls needs a tcp:// or tls:// address, not {address}")
+        tls = None
+        if _scheme(address) == "tls":
+            if args.certfile is None:
+                raise UsageError("TLS needs --certfile (and --keyfile unless it holds the key)")
+            tls = ServerTLS(args.certfile, args.keyfile, args.cafile)
+        elif args.certfile or args.keyfile or args.cafile:
+            raise UsageError("--certfile, --keyfile and --cafile need --tls or a tls:// address")
+        if args.cpu is not None and args.cpu not in allowed_cpus():
+            raise UsageError(f"--cpu {args.cpu} is not one of the CPUs {allowed_cpus()}")
+        serve_command(address, args.backend, tls, args.gil_hold, args.grace, args.cpu)
+    except UsageError as exc:
+        print(f"anyio-comm serve: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:
+        print(f"anyio-comm serve: error: {one_line(exc)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _scheme(address: str) -> str:
+    try:
+        return parse_address(address).scheme
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+# -- bench: configuration -------------------------------------------------------------------
+
+
+@dataclass
+class Config:
+    """A validated bench run."""
+
+    args: argparse.Namespace
+    address: str | None  # None: a local server
+    client_tls: ClientTLS | None
+    server_cpu: int | None
+    client_cpu: int | None
+    pinning: str
+
+
+def configure(args: argparse.Namespace) -> Config:
+    """Check the options together; raise :exc:`UsageError` on a bad combination."""
+    check_backend(args.backend)
+    if args.frames * args.size > MAX_MESSAGE:
+        raise UsageError("--frames x --size must stay below 2 GiB per message")
+    remote_only = [
+        o for o in ("cafile", "certfile", "keyfile", "server_hostname") if vars(args)[o]
+    ]
+    client_tls = None
+    if args.address is None:
+        if remote_only:
+            raise UsageError(
+                f"--{remote_only[0].replace('_', '-')} is for a remote tls:// ADDRESS"
+            )
+        if args.tls and importlib.util.find_spec("trustme") is None:
+            raise UsageError(
+                "--tls without ADDRESS makes certificates with trustme: "
+                "pip install 'anyio-comm[bench]'"
+            )
+    else:
+        scheme = _scheme(args.address)
+        if scheme == "inproc":
+            raise UsageError("inproc:// addresses do not cross processes; use tcp:// or unix://")
+        if args.gil_hold:
+            raise UsageError(
+                "--gil-hold applies to the local server; "
+                "start the remote one with 'anyio-comm serve --gil-hold'"
+            )
+        if args.tls and scheme != "tls":
+            raise UsageError("with ADDRESS, TLS is chosen by a tls:// address, not --tls")
+        if scheme == "tls":
+            client_tls = ClientTLS(
+                cafile=args.cafile,
+                certfile=args.certfile,
+                keyfile=args.keyfile,
+                server_hostname=args.server_hostname,
+            )
+        elif remote_only:
+            raise UsageError(f"{remote_only[0]} needs a tls:// ADDRESS")
+    cpus = allowed_cpus()
+    server_cpu = client_cpu = None
+    if args.no_pin:
+        pinning = "none (--no-pin)"
+    elif len(cpus) < 2:
+        pinning = "none (fewer than 2 CPUs available)"
+    elif args.address is None:
+        server_cpu, client_cpu = cpus[0], cpus[1]
+        pinning = f"server CPU {server_cpu}, client processes CPU {client_cpu}"
+    else:
+        client_cpu = cpus[1]
+        pinning = f"client processes CPU {client_cpu} (server: remote)"
+    return Config(args, args.address, client_tls, server_cpu, client_cpu, pinning)
+
+
+# -- bench: processes -----------------------------------------------------------------------
+
+
+@dataclass
+class Member:
+    """A child process and the parent's end of its pipe."""
+
+    name: str
+    process: BaseProcess
+    conn: Connection
+
+    def died(self) -> RunError:
+        """The error for a process that exited without reporting."""
+        self.process.join(1)
+        return RunError(
+            f"{self.name} (pid {self.process.pid}) exited with code {self.process.exitcode} "
+            "before reporting"
+        )
+
+
+def start(ctx: Any, name: str, target: Any, *args: Any) -> Member:
+    """Start ``target(conn, *args)`` in a new process."""
+    parent, child = ctx.Pipe()
+    process = ctx.Process(target=target, args=(child, *args), name=name, daemon=True)
+    process.start()
+    child.close()
+    return Member(name, process, parent)
+
+
+def gather(members: list[Member], deadline: float, watch: Sequence[Member] = ()) -> list[Any]:
+    """The next message of each member, in order; raise :exc:`RunError` if one reports an
+    error, if one (or a watched process) dies, or at ``deadline`` (``time.monotonic``)."""
+    pending = {id(m): m for m in members}
+    got: dict[int, Any] = {}
+    while pending:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            names = ", ".join(m.name for m in pending.values())
+            raise RunError(f"no answer in time from the {names}")
+        handles: list[Any] = [m.conn for m in pending.values()]
+        handles += [m.process.sentinel for m in (*pending.values(), *watch)]
+        wait_for(handles, timeout=min(remaining, 1.0))
+        for key, member in list(pending.items()):
+            if member.conn.poll():
+                try:
+                    kind, value = member.conn.recv()
+                except EOFError:
+                    raise member.died() from None
+                if kind == "error":
+                    raise RunError(f"{member.name}: {value}")
+                got[key] = value
+                del pending[key]
+            elif not member.process.is_alive():
+                raise member.died()
+        for member in watch:
+            if not member.process.is_alive():
+                raise member.died()
+    return [got[id(m)] for m in members]
+
+
+def stop(member: Member, *, terminate: bool) -> int | None:
+    """Stop a child (SIGTERM first when ``terminate``); kill it if it does not exit in time."""
+    process = member.process
+    if terminate and process.is_alive():
+        process.terminate()
+    process.join(STOP_TIMEOUT)
+    if process.is_alive():
+        process.kill()
+        process.join(STOP_TIMEOUT)
+    member.conn.close()
+    return process.exitcode
+
+
+async def probe(address: str, tls: ClientTLS | None, timeout: float) -> dict[str, Any]:
+    """Connect once as a control client: check the server, return its description."""
+    comm, info = await open_comm(address, tls, timeout, "control")
+    await comm.aclose()
+    return info
+
+
+def run(config: Config) -> dict[str, Any]:
+    """Run the processes; return the aggregated result."""
+    args = config.args
+    ctx = multiprocessing.get_context("spawn")
+    lifetime = 2 * STARTUP_TIMEOUT + args.warmup + args.seconds + 30
+    server: Member | None = None
+    clients: list[Member] = []
+    address, client_tls = config.address, config.client_tls
+    with contextlib.ExitStack() as stack:
+
+        def stop_all() -> None:
+            for member in clients:
+                stop(member, terminate=True)
+            if server is not None:
+                stop(server, terminate=True)
+
+        stack.callback(stop_all)
+        if address is None:
+            server_tls = None
+            local = "tcp://127.0.0.1:0"
+            if args.tls:
+                directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-tls-"))
+                server_tls, client_tls = _certificates(directory)
+                local = "tls://127.0.0.1:0"
+            server = start(
+                ctx,
+                "server process",
+                server_process,
+                local,
+                args.backend,
+                server_tls,
+                args.gil_hold,
+                config.server_cpu,
+                lifetime,
+            )
+            (address,) = gather([server], time.monotonic() + STARTUP_TIMEOUT)
+        try:
+            info = run_on("asyncio", probe, address, client_tls, args.connect_timeout)
+        except Exception as exc:
+            raise RunError(f"cannot reach a bench server at {address}: {one_line(exc)}") from None
+        watch = [] if server is None else [server]
+        for index in range(args.processes):
+            spec = ClientSpec(
+                index=index,
+                address=address,
+                backend=args.backend,
+                concurrency=args.concurrency,
+                frames=args.frames,
+                size=args.size,
+                raw=args.raw_frames,
+                tls=client_tls,
+                cpu=config.client_cpu,
+                connect_timeout=args.connect_timeout,
+                control=index == 0,
+                budget=lifetime,
+            )
+            clients.append(start(ctx, f"client process {index}", client_process, spec))
+        gather(clients, time.monotonic() + STARTUP_TIMEOUT, watch)
+        start_at = time.time() + args.warmup + 0.05
+        for member in clients:
+            member.conn.send(("start", start_at, args.seconds))
+        deadline = time.monotonic() + args.warmup + args.seconds + STARTUP_TIMEOUT
+        results = gather(clients, deadline, watch)
+        for member in clients:
+            stop(member, terminate=False)
+        server_exit = None if server is None else stop(server, terminate=True)
+        clients.clear()
+        server = None
+    summary = aggregate(config, results)
+    summary["server"] = {**info, "address": address, "local": config.address is None}
+    if server_exit is not None:
+        summary["server"]["exit_code"] = server_exit
+    return summary
+
+
+def _certificates(directory: str) -> tuple[ServerTLS, ClientTLS]:
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1", "localhost")
+    path = os.path.join(directory, "server.pem")
+    with open(path, "wb") as fh:
+        fh.write(cert.private_key_and_cert_chain_pem.bytes())
+    return ServerTLS(path), ClientTLS(cadata=ca.cert_pem.bytes().decode("ascii"))
+
+
+# -- bench: results -------------------------------------------------------------------------
+
+
+def aggregate(config: Config, results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Sum the processes' counts over the shared window; latency percentiles over all."""
+    args = config.args
+    requests = sum(r["requests"] for r in results)
+    if requests == 0:
+        raise RunError(f"no request completed inside the {args.seconds:g} s window")
+    samples: list[float] = sorted(s for r in results for s in r["samples"])
+    max_latency: float = max(r["max_latency_s"] for r in results)
+
+    def percentile_us(q: float) -> float:
+        return min(samples[round(q * (len(samples) - 1))], max_latency) * 1e6
+
+    rps = requests / args.seconds
+    marks = results[0]["server_marks"]
+    server_cpu = server_loop_cpu = served = None
+    if len(marks) == 2 and marks[1]["served"] > marks[0]["served"]:
+        served = marks[1]["served"] - marks[0]["served"]
+        server_cpu = (marks[1]["cpu"] - marks[0]["cpu"]) / served * 1e6
+        server_loop_cpu = (marks[1]["loop_cpu"] - marks[0]["loop_cpu"]) / served * 1e6
+    return {
+        "requests": requests,
+        "window_s": args.seconds,
+        "rps": rps,
+        "us_per_request": 1e6 / rps,
+        "mb_per_s": rps * args.frames * args.size / 1e6,
+        "p50_us": percentile_us(0.50),
+        "p99_us": percentile_us(0.99),
+        "max_us": max_latency * 1e6,
+        "latency_samples": len(samples),
+        "client_cpu_us_per_request": sum(r["cpu_s"] for r in results) / requests * 1e6,
+        "server_cpu_us_per_request": server_cpu,
+        "server_loop_cpu_us_per_request": server_loop_cpu,
+        "server_requests": served,
+        "per_process": [
+            {"index": r["index"], "requests": r["requests"], "cpu_s": r["cpu_s"]} for r in results
+        ],
+    }
+
+
+def describe(config: Config) -> str:
+    """The workload, in words."""
+    args = config.args
+    frames = f"{args.frames} x {format_size(args.size)}"
+    if args.raw_frames:
+        shape = f"send_frames([{frames}])"
+        note = "raw frames, no msgpack"
+    else:
+        shape = f'{{"i": n, "data": [{frames}]}}'
+        note = (
+            "frames travel out-of-band"
+            if args.size >= OOB_THRESHOLD
+            else f"frames inline in the msgpack body: out-of-band only from {OOB_THRESHOLD} bytes"
+        )
+    return (
+        f"{args.processes} process{'es' if args.processes > 1 else ''} x "
+        f"{args.concurrency} comm{'s' if args.concurrency > 1 else ''} on {args.backend}, "
+        f"echo of {shape} ({note})"
+    )
+
+
+def report(config: Config, summary: dict[str, Any]) -> str:
+    """The human-readable report."""
+    args = config.args
+    server = summary["server"]
+    where = "local process" if server["local"] else "remote"
+    flags = " + GIL-holding thread" if server.get("gil_hold") else ""
+
+    def us(value: float | None) -> str:
+        return "-" if value is None else f"{value:,.1f} us"
+
+    loop = summary["server_loop_cpu_us_per_request"]
+    lines = [
+        f"server:   {server['address']} ({where}, {server['backend']}{flags})",
+        f"clients:  {describe(config)}",
+        f"pinning:  {config.pinning}",
+        f"window:   {args.seconds:g} s after {args.warmup:g} s warm-up",
+        "",
+        f"requests               {summary['requests']:,}",
+        f"requests/s             {summary['rps']:,.0f}",
+        f"us per request         {summary['us_per_request']:,.2f}  (window / requests)",
+        f"MB/s each way          {summary['mb_per_s']:,.2f}  (requests/s x frames x size)",
+        f"latency p50            {us(summary['p50_us'])}",
+        f"latency p99            {us(summary['p99_us'])}",
+        f"latency max            {us(summary['max_us'])}",
+        f"client CPU / request   {us(summary['client_cpu_us_per_request'])}  (all processes)",
+        f"server CPU / request   {us(summary['server_cpu_us_per_request'])}"
+        + ("" if loop is None else f"  (event-loop thread: {loop:,.1f} us)"),
+    ]
+    return "\n".join(lines)
+
+
+def _versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {"anyio-comm": __version__}
+    for dist in ("anyio", "msgpack", "trio", "uvloop", "trustme"):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = None
+    return versions
+
+
+def _loadavg() -> list[float] | None:
+    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+
+
+def bench_main(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
+    """``anyio-comm bench``; returns the exit status."""
+    try:
+        config = configure(args)
+        load_before = _loadavg()
+        print(
+            f"anyio-comm bench: starting, about {args.warmup + args.seconds:g} s of load",
+            flush=True,
+        )
+        summary = run(config)
+    except UsageError as exc:
+        print(f"anyio-comm bench: error: {exc}", file=sys.stderr)
+        return 2
+    except RunError as exc:
+        print(f"anyio-comm bench: error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("anyio-comm bench: interrupted", file=sys.stderr)
+        return 130
+    print(report(config, summary), flush=True)
+    if args.json:
+        metadata = {
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command": ["anyio-comm", *(sys.argv[1:] if argv is None else argv)],
+            "python": sys.version,
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "pinning": config.pinning,
+            "server_cpu": config.server_cpu,
+            "client_cpu": config.client_cpu,
+            "load_average_before": load_before,
+            "load_average_after": _loadavg(),
+            "versions": _versions(),
+        }
+        options = {k: v for k, v in vars(args).items() if k not in ("json", "command")}
+        document = {"metadata": metadata, "options": options, "result": summary}
+        try:
+            with open(args.json, "w", encoding="utf-8") as fh:
+                json.dump(document, fh, indent=2)
+                fh.write("\n")
+        except OSError as exc:
+            print(f"anyio-comm bench: error: cannot write {args.json}: {exc}", file=sys.stderr)
+            return 1
+    return 0

@@ -1,0 +1,299 @@
+"""``anyio-comm bench`` and ``anyio-comm serve``: tiny runs in subprocesses, checked via --json.
+
+The bench command spawns its own server and client processes, so these tests run it as a
+subprocess per backend (not through the ``anyio_backend`` fixture), start the runs of one
+fixture together to share the process start-up time, and check only that the figures are
+present and consistent with each other (never how fast anything is).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from anyio_comm._bench._common import format_size, parse_size
+
+ROOT = Path(__file__).parents[1]
+TIMEOUT = 60  # seconds for any one command
+TINY = ["--seconds", "0.3", "--warmup", "0.1"]
+BACKENDS = [
+    "asyncio",
+    pytest.param(
+        "uvloop",
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec("uvloop") is None, reason="uvloop is not installed"
+        ),
+    ),
+    pytest.param(
+        "trio",
+        marks=pytest.mark.skipif(
+            importlib.util.find_spec("trio") is None, reason="trio is not installed"
+        ),
+    ),
+]
+# (size, frames, processes, extra options): one run of each per backend
+WORKLOADS = {
+    "small": ("1000", 1, 1, ["--raw-frames"]),
+    "large": ("100kB", 3, 2, []),
+}
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return env
+
+
+def _command(*args: str) -> list[str]:
+    return [sys.executable, "-m", "anyio_comm", *args]
+
+
+def _popen(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        _command(*args),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=_env(),
+        cwd=ROOT,
+    )
+
+
+def _finish(proc: subprocess.Popen[str]) -> tuple[int, str, str]:
+    try:
+        out, err = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        pytest.fail(f"{proc.args} did not finish within {TIMEOUT} s:\n{out}\n{err}")
+    return proc.returncode, out, err
+
+
+def _run(*args: str) -> tuple[int, str, str]:
+    return _finish(_popen(*args))
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[tuple[str, str], dict]:
+    """Every backend x workload, started together; the parsed --json of each."""
+    directory = tmp_path_factory.mktemp("bench")
+    started = {}
+    for backend in ("asyncio", "uvloop", "trio"):
+        if importlib.util.find_spec(backend) is None:
+            continue
+        for name, (size, frames, processes, extra) in WORKLOADS.items():
+            path = directory / f"{backend}-{name}.json"
+            args = ["bench", *TINY, "--backend", backend, "-c", "2", "-s", size]
+            args += ["-f", str(frames), "-p", str(processes), "--json", str(path), *extra]
+            started[backend, name] = (_popen(*args), path)
+    results = {}
+    for key, (proc, path) in started.items():
+        code, out, err = _finish(proc)
+        assert code == 0, f"{key}: exit {code}\n{out}\n{err}"
+        assert "requests/s" in out and "server CPU / request" in out
+        results[key] = json.loads(path.read_text())
+    return results
+
+
+def _check_consistent(document: dict, size: int, frames: int, processes: int) -> None:
+    result, options, metadata = document["result"], document["options"], document["metadata"]
+    assert options["size"] == size and options["frames"] == frames
+    assert result["requests"] > 0
+    assert result["rps"] == pytest.approx(result["requests"] / result["window_s"])
+    assert result["us_per_request"] == pytest.approx(1e6 / result["rps"])
+    assert result["mb_per_s"] == pytest.approx(result["rps"] * frames * size / 1e6)
+    assert 0 < result["p50_us"] <= result["p99_us"] <= result["max_us"]
+    assert result["client_cpu_us_per_request"] > 0
+    assert result["server_cpu_us_per_request"] > 0
+    assert result["server_loop_cpu_us_per_request"] > 0
+    assert result["server_requests"] > 0
+    assert len(result["per_process"]) == processes
+    assert sum(p["requests"] for p in result["per_process"]) == result["requests"]
+    assert result["server"]["local"] and result["server"]["exit_code"] == 0
+    assert metadata["versions"]["anyio-comm"]
+    assert metadata["command"][:2] == ["anyio-comm", "bench"]
+    assert metadata["pinning"] and metadata["load_average_before"] is not None
+
+
+@pytest.mark.parametrize("workload", list(WORKLOADS))
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bench_local(runs: dict, backend: str, workload: str) -> None:
+    size, frames, processes, extra = WORKLOADS[workload]
+    document = runs[backend, workload]
+    _check_consistent(document, parse_size(size), frames, processes)
+    assert document["options"]["backend"] == backend
+    assert document["result"]["server"]["backend"] == backend
+    assert document["options"]["raw_frames"] == ("--raw-frames" in extra)
+    assert document["options"]["concurrency"] == 2
+
+
+def test_serve_and_bench_address_then_sigterm_and_sigint(tmp_path: Path) -> None:
+    servers = {
+        signal.SIGTERM: _popen("serve", "tcp://127.0.0.1:0", "--grace", "1"),
+        signal.SIGINT: _popen("serve", "tcp://127.0.0.1:0", "--backend", "trio", "--gil-hold"),
+    }
+    try:
+        addresses = {}
+        for signum, server in servers.items():
+            assert server.stdout is not None
+            line = server.stdout.readline()  # bounded: the server prints it or exits
+            match = re.search(r"listening on (tcp://\S+)", line)
+            assert match, line + server.stderr.read() if server.stderr else line
+            addresses[signum] = match.group(1)
+        path = tmp_path / "remote.json"
+        code, out, err = _run(
+            "bench", addresses[signal.SIGTERM], *TINY, "-c", "2", "-s", "10KB", "--json", str(path)
+        )
+        assert code == 0, out + err
+        document = json.loads(path.read_text())
+        result = document["result"]
+        assert result["requests"] > 0 and result["server_requests"] > 0
+        assert 0 < result["p50_us"] <= result["p99_us"] <= result["max_us"]
+        assert result["server_cpu_us_per_request"] > 0
+        assert result["server"]["local"] is False
+        assert "(server: remote)" in document["metadata"]["pinning"]
+        code, out, err = _run("bench", addresses[signal.SIGINT], *TINY)
+        assert code == 0, out + err
+        assert "GIL-holding thread" in out
+        for signum, server in servers.items():
+            server.send_signal(signum)
+            code, out, err = _finish(server)
+            assert code == 0, f"{signum!r}: {out}\n{err}"
+            assert "server stopped" in out
+            assert "Traceback" not in err
+    finally:
+        for server in servers.values():
+            if server.poll() is None:
+                server.kill()
+                server.wait(10)
+
+
+def test_local_gil_hold_and_tls(tmp_path: Path) -> None:
+    pytest.importorskip("trustme")
+    path = tmp_path / "gil.json"
+    code, out, err = _run(
+        "bench", *TINY, "--gil-hold", "--tls", "-s", "1e4", "-f", "2", "--json", str(path)
+    )
+    assert code == 0, out + err
+    assert "GIL-holding thread" in out and "tls://127.0.0.1:" in out
+    document = json.loads(path.read_text())
+    _check_consistent(document, 10_000, 2, 1)
+    assert document["result"]["server"]["gil_hold"] is True
+
+
+@pytest.mark.parametrize(
+    ("args", "code", "message"),
+    [
+        (["bench", "-s", "1XB"], 2, "invalid size '1XB'"),
+        (["bench", "-s", "0"], 2, "between 1 byte and 1 GiB"),
+        (["bench", "-c", "0"], 2, "expected 1 to 1000"),
+        (["bench", "--seconds", "0"], 2, "expected 0 to 600 seconds"),
+        (["bench", "bogus"], 2, "malformed address"),
+        (["bench", "inproc://x"], 2, "do not cross processes"),
+        (["bench", "tcp://127.0.0.1:9", "--gil-hold"], 2, "anyio-comm serve --gil-hold"),
+        (["bench", "tcp://127.0.0.1:9", "--tls"], 2, "tls:// address"),
+        (["bench", "--cafile", "ca.pem"], 2, "remote tls:// ADDRESS"),
+        (["serve", "tls://127.0.0.1:0"], 2, "needs --certfile"),
+        (["bench", "tcp://127.0.0.1:9", "--connect-timeout", "5"], 1, "cannot reach"),
+    ],
+)
+def test_errors_are_one_line(args: list[str], code: int, message: str) -> None:
+    returncode, out, err = _run(*args)
+    assert returncode == code, out + err
+    assert message in err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+
+
+def test_serve_address_in_use() -> None:
+    server = _popen("serve", "tcp://127.0.0.1:0")
+    try:
+        assert server.stdout is not None
+        address = re.search(r"(tcp://\S+)", server.stdout.readline())
+        assert address
+        code, _, err = _run("serve", address.group(1))
+        assert code == 1 and "error:" in err and "Traceback" not in err
+    finally:
+        server.send_signal(signal.SIGTERM)
+        assert _finish(server)[0] == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "size"),
+    [
+        ("1000", 1000),
+        ("1e6", 10**6),
+        ("1MB", 10**6),
+        ("10 MB", 10**7),
+        ("10mb", 10**7),
+        ("1KiB", 1024),
+        ("2.5kB", 2500),
+        ("1GiB", 2**30),
+        ("64k", 64_000),
+    ],
+)
+def test_parse_size(text: str, size: int) -> None:
+    assert parse_size(text) == size
+
+
+@pytest.mark.parametrize("text", ["", "MB", "1.5", "1 XB", "-1", "0", "2GiB", "1e400", "nan"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="size"):
+        parse_size(text)
+
+
+def test_format_size() -> None:
+    assert [format_size(n) for n in (1000, 10**6, 1024, 1500)] == [
+        "1 kB",
+        "1 MB",
+        "1 KiB",
+        "1500 B",
+    ]
+
+
+def test_demo_still_works() -> None:
+    code, out, err = _run("demo", "--backend", "asyncio", "--rounds", "10", "--megabytes", "1")
+    assert code == 0, out + err
+    assert "echo equal: True" in out
+
+
+def test_missing_packages_are_usage_errors(monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from anyio_comm.__main__ import main
+
+    real = importlib.util.find_spec
+    missing = {"trustme", "uvloop"}
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name in missing else real(name, *a)
+    )
+    assert main(["bench", "--tls"]) == 2
+    err = capsys.readouterr().err
+    assert "trustme" in err and "anyio-comm[bench]" in err and len(err.splitlines()) == 1
+    assert main(["bench", "--backend", "uvloop"]) == 2
+    assert "needs the uvloop package" in capsys.readouterr().err
+
+
+def _die(conn: object) -> None:
+    os._exit(3)
+
+
+def test_a_process_that_dies_is_named() -> None:
+    import multiprocessing
+
+    from anyio_comm._bench._cli import gather, start, stop
+    from anyio_comm._bench._common import RunError
+
+    member = start(multiprocessing.get_context("spawn"), "test process", _die)
+    try:
+        with pytest.raises(RunError, match=r"test process \(pid \d+\) exited with code 3"):
+            gather([member], time.monotonic() + TIMEOUT)
+    finally:
+        stop(member, terminate=True)
