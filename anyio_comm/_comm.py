@@ -10,12 +10,23 @@ State machine::
 
 Scheduling: every ``send`` and ``receive`` is a cancellation point and lets
 other tasks run at least once, even when the data was already there (so a
-fast peer cannot starve the event loop). On trio this is trio's own pattern:
-``checkpoint_if_cancelled()`` before, and ``cancel_shielded_checkpoint()``
-after an operation that never blocked. On asyncio a shielded checkpoint costs
-a cancel scope (8.5 us measured, against 3.2 us for a plain yield), so there
-the operation starts with one plain ``checkpoint()`` instead: a yield before
-anything was read or written, where a cancellation loses nothing.
+fast peer cannot starve the event loop).
+
+* send: on trio this is trio's own pattern: ``checkpoint_if_cancelled()``
+  before, and ``cancel_shielded_checkpoint()`` after a send that never
+  blocked. On asyncio a shielded checkpoint costs a cancel scope (8.5 us
+  measured, against 3.2 us for a plain yield), so there the send starts with
+  one plain yield instead: before anything was written, where a cancellation
+  loses nothing.
+* receive: a receive that waited for the socket has yielded already, and the
+  wait was its cancellation point (on asyncio preceded by
+  ``checkpoint_if_cancelled()``: asyncio delivers a cancellation only to a
+  task whose future is still pending, which a wait on a socket that is
+  already readable is not for long). A receive that got its message without
+  waiting yields once after taking it; when cancelled there, it keeps the
+  message, and the next receive returns it: nothing is lost. In a
+  request/reply exchange the receive nearly always waits, so this saves a
+  pass of the event loop per message over a yield before every receive.
 
 Receiving and sending are independent (one task may receive while another
 sends), but at most one task receives and one task sends at a time.
@@ -27,14 +38,14 @@ from __future__ import annotations
 
 import asyncio
 import enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 from anyio import (
     BrokenResourceError,
+    BusyResourceError,
     CancelScope,
     ClosedResourceError,
     EndOfStream,
-    ResourceGuard,
     aclose_forcefully,
     move_on_after,
 )
@@ -44,10 +55,11 @@ from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint, checkpoint_if
 from ._compat import final
 from ._exceptions import IdleTimeoutError, RemoteProtocolError
 from ._sansio.decoder import EndOfData, FrameDecoder
-from ._sansio.wire import Handshake, encode_header, encode_preamble, frames_to_iov
+from ._sansio.wire import Handshake, encode_message, encode_preamble
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
+    from types import ModuleType
 
     from ._options import CommOptions
     from ._sansio._buffer import Buffer
@@ -61,6 +73,9 @@ class _State(enum.Enum):
     OPEN = "open"
     BROKEN = "broken"
     CLOSED = "closed"
+
+
+_OPEN: Final = _State.OPEN
 
 
 def _as_frame(buffer: Buffer) -> memoryview:
@@ -86,7 +101,6 @@ class Comm(ObjectStream[Any]):
     """
 
     __slots__ = (
-        "_asyncio",
         "_decoder",
         "_eof_sent",
         "_idle_timeout",
@@ -94,11 +108,14 @@ class Comm(ObjectStream[Any]):
         "_on_idle",
         "_peer",
         "_peer_address",
-        "_receive_guard",
-        "_send_guard",
+        "_pending",
+        "_receiving",
+        "_send_max",
+        "_sending",
         "_serializer",
         "_state",
         "_transport",
+        "_trio",
         "_waiting_idle",
         "_watched",
     )
@@ -122,9 +139,21 @@ class Comm(ObjectStream[Any]):
         self._peer_address = peer_address
         self._state = _State.OPEN
         self._eof_sent = False
-        self._asyncio = _on_asyncio()
-        self._receive_guard = ResourceGuard("receiving from")
-        self._send_guard = ResourceGuard("sending to")
+        # trio's lowlevel module on trio, None on asyncio (the checkpoints are
+        # called directly: AnyIO's wrappers look up the backend on every call).
+        self._trio = _trio_lowlevel()
+        # At most one task receives and one sends (anyio.BusyResourceError).
+        self._receiving = False
+        self._sending = False
+        # A message taken out of the decoder by a receive that was then
+        # cancelled in its final checkpoint; the next receive returns it.
+        self._pending: list[memoryview] | None = None
+        # The largest one-frame message the peer's limits accept (-1: none),
+        # so a one-frame send skips the general limit check.
+        limits = peer.limits
+        self._send_max = (
+            min(limits.max_frame_size, limits.max_message_size) if limits.max_frames >= 1 else -1
+        )
         self._idle_timeout = idle_timeout
         # Listener shutdown: ``_waiting_idle`` is true while receive() waits at
         # a message boundary; ``_on_idle`` (set by the listener) is called when
@@ -214,39 +243,77 @@ class Comm(ObjectStream[Any]):
             IdleTimeoutError: nothing arrived for ``idle_timeout`` seconds;
                 the connection is closed.
         """
-        with self._receive_guard:
-            self._check_state()
-            await self._checkpoint_before()
-            decoder = self._decoder
-            transport = self._transport
-            transport.yielded = False
-            try:
-                while (frames := decoder.next_message()) is None:
-                    if self._watched:
-                        n = await self._receive_watched(decoder.get_buffer())
-                    else:
-                        n = await transport.receive_into(decoder.get_buffer())
-                    if n:
-                        decoder.buffer_updated(n)
-                    else:
-                        decoder.receive_eof()
-            except EndOfData as exc:
-                if exc.truncated:
-                    await self._fail()
-                    raise BrokenResourceError(str(exc)) from None
-                raise EndOfStream from None
-            except RemoteProtocolError:
-                await self._fail()
-                raise
-            except ClosedResourceError:
+        if self._receiving:
+            raise BusyResourceError("receiving from")
+        self._receiving = True
+        try:
+            if self._state is not _OPEN:
                 self._check_state()
-                raise
-            except BrokenResourceError:
-                await self._fail()
-                raise
-            if not transport.yielded and not self._asyncio:
-                await cancel_shielded_checkpoint()
+            frames = self._pending
+            if frames is not None:
+                self._pending = None
+                yielded = False
+            else:
+                decoder = self._decoder
+                transport = self._transport
+                transport.yielded = False
+                try:
+                    frames = decoder.next_message()
+                    if frames is None and self._trio is None:
+                        # asyncio: a cancellation is delivered to a waiting
+                        # task only while its future is pending, so a wait on
+                        # an already readable socket would not raise it:
+                        # check before waiting (trio's waits are checkpoints).
+                        await checkpoint_if_cancelled()
+                    while frames is None:
+                        if not self._watched:
+                            n = await transport.receive_into(decoder.get_buffer())
+                        elif self._idle_timeout is None and self._on_idle is None:
+                            # A listener's comm with no idle timeout and no
+                            # shutdown under way: only record whether this wait
+                            # is at a message boundary, as _receive_watched
+                            # does, without its extra coroutine frame.
+                            self._waiting_idle = decoder.at_message_boundary
+                            try:
+                                n = await transport.receive_into(decoder.get_buffer())
+                            finally:
+                                self._waiting_idle = False
+                        else:
+                            n = await self._receive_watched(decoder.get_buffer())
+                        if n:
+                            decoder.buffer_updated(n)
+                        else:
+                            decoder.receive_eof()
+                        frames = decoder.next_message()
+                except EndOfData as exc:
+                    if exc.truncated:
+                        await self._fail()
+                        raise BrokenResourceError(str(exc)) from None
+                    raise EndOfStream from None
+                except RemoteProtocolError:
+                    await self._fail()
+                    raise
+                except ClosedResourceError:
+                    self._check_state()
+                    raise
+                except BrokenResourceError:
+                    await self._fail()
+                    raise
+                yielded = transport.yielded
+            if not yielded:
+                # Nothing waited: yield now. The message is already out of the
+                # decoder, so a cancellation here keeps it for the next call.
+                try:
+                    if self._trio is None:
+                        await asyncio.sleep(0)
+                    else:
+                        await self._trio.checkpoint()
+                except BaseException:
+                    self._pending = frames
+                    raise
             return frames
+        finally:
+            self._receiving = False
 
     async def _receive_watched(self, buffer: memoryview) -> int:
         """``transport.receive_into`` with the idle timeout and the shutdown hook."""
@@ -315,14 +382,22 @@ class Comm(ObjectStream[Any]):
         await self._send([_as_frame(buffer) for buffer in buffers])
 
     async def _send(self, frames: list[memoryview]) -> None:
-        with self._send_guard:
-            self._check_state()
+        if self._sending:
+            raise BusyResourceError("sending to")
+        self._sending = True
+        try:
+            if self._state is not _OPEN:
+                self._check_state()
             if self._eof_sent:
                 raise ClosedResourceError
-            lengths = [frame.nbytes for frame in frames]
-            self._peer.limits.check_send(lengths)
-            iov = frames_to_iov(encode_header(lengths), frames)
-            await self._checkpoint_before()
+            if len(frames) != 1 or frames[0].nbytes > self._send_max:
+                self._peer.limits.check_send([frame.nbytes for frame in frames])
+            iov = encode_message(frames)
+            trio_lowlevel = self._trio
+            if trio_lowlevel is None:
+                await asyncio.sleep(0)
+            else:
+                await trio_lowlevel.checkpoint_if_cancelled()
             transport = self._transport
             transport.yielded = False
             try:
@@ -334,14 +409,10 @@ class Comm(ObjectStream[Any]):
                 if transport.send_interrupted:
                     await self._fail()
                 raise
-            if not transport.yielded and not self._asyncio:
-                await cancel_shielded_checkpoint()
-
-    async def _checkpoint_before(self) -> None:
-        if self._asyncio:
-            await checkpoint()
-        else:
-            await checkpoint_if_cancelled()
+            if trio_lowlevel is not None and not transport.yielded:
+                await trio_lowlevel.cancel_shielded_checkpoint()
+        finally:
+            self._sending = False
 
     async def send_eof(self) -> None:
         """Tell the peer we will send no more messages; we can still receive.
@@ -357,7 +428,10 @@ class Comm(ObjectStream[Any]):
                 :func:`~anyio_comm.from_stream` comm cannot half-close (the
                 comm stays usable).
         """
-        with self._send_guard:
+        if self._sending:
+            raise BusyResourceError("sending to")
+        self._sending = True
+        try:
             self._check_state()
             if self._eof_sent:
                 return
@@ -367,6 +441,8 @@ class Comm(ObjectStream[Any]):
                 await self._fail()
                 raise
             self._eof_sent = True
+        finally:
+            self._sending = False
 
     # -- closing -----------------------------------------------------------
 
@@ -402,12 +478,15 @@ class Comm(ObjectStream[Any]):
             raise BrokenResourceError("the connection is broken")
 
 
-def _on_asyncio() -> bool:
+def _trio_lowlevel() -> ModuleType | None:
+    """``trio.lowlevel`` when running on trio; ``None`` on asyncio."""
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        return False
-    return True
+        import trio.lowlevel  # only ever imported under trio
+
+        return trio.lowlevel
+    return None
 
 
 async def establish(

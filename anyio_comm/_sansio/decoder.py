@@ -59,6 +59,7 @@ from .wire import (
     parse_preamble_body,
     parse_preamble_head,
     unpack_count,
+    unpack_count_and_length,
     unpack_lengths,
 )
 
@@ -122,6 +123,7 @@ class FrameDecoder:
         "_end",
         "_eof",
         "_fast_alloc",
+        "_fast_max",
         "_filled",
         "_frames",
         "_lengths",
@@ -143,6 +145,14 @@ class FrameDecoder:
         self._limits = limits if limits is not None else Limits()
         self._allocator: Allocator = allocator or default_allocator
         self._fast_alloc = self._allocator is default_allocator
+        # Largest single frame the one-frame fast path of next_message() may
+        # take without the general limit checks (-1: never).
+        limits = self._limits
+        self._fast_max = (
+            min(limits.max_frame_size, limits.max_message_size)
+            if self._fast_alloc and limits.max_frames >= 1
+            else -1
+        )
         self._buf = bytearray(read_buffer_size)
         self._view = memoryview(self._buf)
         self._start = 0
@@ -184,14 +194,15 @@ class FrameDecoder:
                 return target[self._filled :]
         self._direct = False
         start = self._start
+        end = self._end
         if start:
             # Only a partial fixed-size header (< 12 bytes) or a partial
             # preamble can be left here, so this move is tiny.
-            end = self._end
-            self._buf[: end - start] = self._view[start:end]
+            if start != end:
+                self._buf[: end - start] = self._view[start:end]
             self._start = 0
-            self._end = end - start
-        return self._view[self._end :]
+            end = self._end = end - start
+        return self._view[end:] if end else self._view
 
     def buffer_updated(self, nbytes: int) -> None:
         """Record that ``nbytes`` bytes were written into the last buffer from
@@ -283,7 +294,21 @@ class FrameDecoder:
             RuntimeError: the preamble was not parsed yet.
         """
         state = self._state
-        if state is _State.PREAMBLE:
+        if state is _State.COUNT:
+            # Fast path: a whole one-frame message already in the read-ahead
+            # buffer (the common small message) is parsed with one unpack and
+            # copied out with one slice; the limits were folded into _fast_max.
+            start = self._start
+            avail = self._end - start
+            if avail >= 12:
+                count, length = unpack_count_and_length(self._buf, start)
+                if count == 1 and length <= self._fast_max and avail - 12 >= length:
+                    start += 12
+                    self._start = start + length
+                    return [memoryview(self._buf[start : start + length])]
+            elif not avail and not self._eof:
+                return None  # between messages, nothing buffered: need data
+        elif state is _State.PREAMBLE:
             raise RuntimeError("call next_handshake() before next_message()")
         view = self._view
         while True:

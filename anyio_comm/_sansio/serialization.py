@@ -29,6 +29,7 @@ references); msgpack's standard timestamp extension (type -1) is decoded to
 
 from __future__ import annotations
 
+import functools
 import pickle
 import struct
 from typing import TYPE_CHECKING, Any, Final
@@ -50,6 +51,8 @@ DEFAULT_OOB_THRESHOLD: Final = 4096
 
 _INDEX = struct.Struct("!I")
 _BYTES_TYPES: Final = (bytes, bytearray, memoryview, pickle.PickleBuffer)
+#: exact types that never hold a buffer: passed to msgpack as they are
+_LEAF_TYPES: Final = frozenset({str, int, float, bool, type(None)})
 
 
 def _flat(value: Buffer) -> memoryview:
@@ -75,7 +78,7 @@ class Serializer:
         ValueError: ``oob_threshold`` is negative.
     """
 
-    __slots__ = ("_allow_pickle", "_oob_threshold")
+    __slots__ = ("_allow_pickle", "_oob_threshold", "_pack")
 
     def __init__(
         self, *, oob_threshold: int = DEFAULT_OOB_THRESHOLD, allow_pickle: bool = False
@@ -84,6 +87,10 @@ class Serializer:
             raise ValueError(f"oob_threshold must be >= 0, got {oob_threshold}")
         self._oob_threshold = oob_threshold
         self._allow_pickle = allow_pickle
+        # Without pickle the packer's options never change, so one Packer is
+        # reused (msgpack.packb builds a new one per call); it clears its
+        # buffer when packing fails.
+        self._pack = msgpack.Packer(default=_no_default, use_bin_type=True, datetime=False).pack
 
     @property
     def allow_pickle(self) -> bool:
@@ -106,12 +113,12 @@ class Serializer:
         oob: list[memoryview] = []
         try:
             prepared = self._extract(message, oob)
-            body = msgpack.packb(
-                prepared,
-                default=self._default_pickle(oob) if self._allow_pickle else _no_default,
-                use_bin_type=True,
-                datetime=False,
-            )
+            if self._allow_pickle:
+                body = msgpack.packb(
+                    prepared, default=self._default_pickle(oob), use_bin_type=True, datetime=False
+                )
+            else:
+                body = self._pack(prepared)
         except SerializationError:
             raise
         except (TypeError, ValueError, OverflowError, RecursionError, pickle.PicklingError) as exc:
@@ -125,13 +132,25 @@ class Serializer:
         message without large buffers is passed to msgpack as it is.
         """
         cls = type(obj)
+        if cls in _LEAF_TYPES:
+            return obj
+        if cls is bytes:
+            # Exact bytes: len() is the size in bytes; no view needed to decide.
+            if len(obj) < self._oob_threshold:
+                return obj
+            oob.append(memoryview(obj))
+            return msgpack.ExtType(EXT_OOB, _INDEX.pack(len(oob) - 1))
         if cls is dict:
             new: dict[Any, Any] | None = None
+            threshold = self._oob_threshold
             for key, value in obj.items():
                 if type(key) is not str and type(key) is not bytes:
                     raise SerializationError(
                         f"map keys must be str or bytes, not {type(key).__name__}"
                     )
+                vcls = type(value)
+                if vcls in _LEAF_TYPES or (vcls is bytes and len(value) < threshold):
+                    continue
                 replaced = self._extract(value, oob)
                 if replaced is not value:
                     if new is None:
@@ -173,6 +192,29 @@ class Serializer:
 
     # -- decoding ----------------------------------------------------------
 
+    def _ext_hook(self, oob: Sequence[memoryview], code: int, data: bytes) -> Any:
+        if code == EXT_OOB:
+            if len(data) != 4:
+                raise RemoteProtocolError("malformed out-of-band reference")
+            return _oob_frame(oob, _INDEX.unpack(data)[0])
+        if code == EXT_PICKLE:
+            if not self._allow_pickle:
+                raise RemoteProtocolError(
+                    "peer sent pickled data but pickle is not enabled (allow_pickle=False)"
+                )
+            if not data or len(data) % 4:
+                raise RemoteProtocolError("malformed pickle reference")
+            indices = struct.unpack(f"!{len(data) // 4}I", data)
+            buffers = [_oob_frame(oob, i) for i in indices[1:]]
+            try:
+                return pickle.loads(_oob_frame(oob, indices[0]), buffers=buffers)
+            except Exception as exc:
+                raise RemoteProtocolError(f"cannot unpickle: {exc!r}") from exc
+        raise RemoteProtocolError(f"unknown msgpack extension type {code}")
+
+    def _ext_hook_no_oob(self, code: int, data: bytes) -> Any:
+        return self._ext_hook((), code, data)
+
     def loads(self, frames: Sequence[memoryview]) -> Any:
         """Decode a message from its frames.
 
@@ -183,28 +225,10 @@ class Serializer:
         """
         if not frames:
             raise RemoteProtocolError("message has no body frame")
-        oob = frames[1:]
-
-        def ext_hook(code: int, data: bytes) -> Any:
-            if code == EXT_OOB:
-                if len(data) != 4:
-                    raise RemoteProtocolError("malformed out-of-band reference")
-                return _oob_frame(oob, _INDEX.unpack(data)[0])
-            if code == EXT_PICKLE:
-                if not self._allow_pickle:
-                    raise RemoteProtocolError(
-                        "peer sent pickled data but pickle is not enabled (allow_pickle=False)"
-                    )
-                if not data or len(data) % 4:
-                    raise RemoteProtocolError("malformed pickle reference")
-                indices = struct.unpack(f"!{len(data) // 4}I", data)
-                buffers = [_oob_frame(oob, i) for i in indices[1:]]
-                try:
-                    return pickle.loads(_oob_frame(oob, indices[0]), buffers=buffers)
-                except Exception as exc:
-                    raise RemoteProtocolError(f"cannot unpickle: {exc!r}") from exc
-            raise RemoteProtocolError(f"unknown msgpack extension type {code}")
-
+        if len(frames) == 1:
+            ext_hook = self._ext_hook_no_oob
+        else:
+            ext_hook = functools.partial(self._ext_hook, frames[1:])
         try:
             return msgpack.unpackb(
                 frames[0],

@@ -39,6 +39,7 @@ __all__ = [
     "Handshake",
     "Limits",
     "encode_header",
+    "encode_message",
     "encode_preamble",
     "frames_to_iov",
 ]
@@ -174,9 +175,31 @@ def unpack_count(data: Buffer, offset: int) -> int:
     return count
 
 
+#: ``unpack_count_and_length(data, offset) -> (count, first_length)``: the 12
+#: bytes of a frame count and the first frame length (bound, to save a call)
+unpack_count_and_length: Final = _COUNT_AND_LENGTH.unpack_from
+
+
 def unpack_lengths(data: Buffer, offset: int, count: int) -> tuple[int, ...]:
     """Unpack ``count`` frame lengths starting at ``offset``."""
     return struct.unpack_from(f"!{count}Q", data, offset)
+
+
+def encode_message(frames: Sequence[memoryview]) -> list[Buffer]:
+    """Return the buffers of one gather write sending the message ``frames``.
+
+    The same bytes as ``frames_to_iov(encode_header(lengths), frames)``, with a
+    shortcut for the common one-frame message: below
+    :data:`COALESCE_THRESHOLD` it is a single ``bytes`` (header and frame
+    joined), else the header and the caller's view.
+    """
+    if len(frames) == 1:
+        frame = frames[0]
+        size = frame.nbytes
+        if size < COALESCE_THRESHOLD:
+            return [_COUNT_AND_LENGTH.pack(1, size) + frame]
+        return [_COUNT_AND_LENGTH.pack(1, size), frame]
+    return frames_to_iov(encode_header([frame.nbytes for frame in frames]), frames)
 
 
 def frames_to_iov(header: bytes, frames: Sequence[memoryview]) -> list[Buffer]:

@@ -22,8 +22,9 @@ class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
     Checkpoint contract: a transport operation may complete without ever
     yielding to the event loop (the raw socket transport tries the system call
     first). It sets :attr:`yielded` to ``True`` whenever it did yield; the comm
-    layer resets the flag, and adds one cancel-shielded checkpoint per message
-    when nothing yielded, so a fast peer cannot starve the event loop.
+    layer resets the flag, and yields once per message when nothing yielded
+    (see the scheduling notes in ``_comm.py``), so a fast peer cannot starve
+    the event loop.
 
     Attributes:
         yielded: set to ``True`` by any operation that yielded to the loop.

@@ -8,7 +8,11 @@ owns the socket and uses only AnyIO's event-loop primitives, so the same code
 runs on asyncio, uvloop and trio:
 
 * receive: try ``sock.recv_into(buffer)``; only on ``BlockingIOError`` wait
-  with :func:`anyio.wait_readable`, then try again;
+  with :func:`anyio.wait_readable`, then try again. When the previous read
+  returned less than it asked for, the socket was empty then and, in a
+  request/reply exchange, almost always still is: such a read waits for
+  readability first, which saves a ``recv`` failing with ``EAGAIN`` (a system
+  call and an exception) per message;
 * send: ``sock.sendmsg`` over at most ``IOV_MAX`` buffers, advancing over
   partial writes without copying; on ``BlockingIOError`` wait with
   :func:`anyio.wait_writable`;
@@ -41,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 from anyio import (
     BrokenResourceError,
+    BusyResourceError,
     CancelScope,
     ClosedResourceError,
     notify_closing,
@@ -53,6 +58,7 @@ from .base import Transport
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
+    from types import ModuleType
 
     from .._sansio._buffer import Buffer
 
@@ -97,8 +103,11 @@ class _LoopReader:
             if self._idle_wakeups >= 2:
                 self.unregister()
 
-    async def wait(self) -> None:
-        """Return once the socket is readable (or :meth:`close` was called).
+    def wait(self) -> asyncio.Future[None]:
+        """Return a future done once the socket is readable (or :meth:`close`
+        was called). A plain function returning the future, not a coroutine:
+        one frame less on every wake-up. A cancelled wait cancels the future,
+        which :meth:`_on_readable` and the next :meth:`wait` then drop.
 
         Raises:
             NotImplementedError: the event loop has no ``add_reader``.
@@ -106,13 +115,13 @@ class _LoopReader:
         self._idle_wakeups = 0
         future = self._future = self._loop.create_future()
         if not self._registered:
-            self._loop.add_reader(self._fd, self._on_readable)
-            self._registered = True
-        try:
-            await future
-        finally:
-            if self._future is future:
+            try:
+                self._loop.add_reader(self._fd, self._on_readable)
+            except BaseException:
                 self._future = None
+                raise
+            self._registered = True
+        return future
 
     def unregister(self) -> None:
         if self._registered:
@@ -138,16 +147,38 @@ def _loop_reader(sock: socket.socket) -> _LoopReader | None:
 class SocketTransport(Transport):
     """Byte transport over a connected stream socket that this object owns."""
 
-    __slots__ = ("_closed", "_on_asyncio", "_reader", "_sock", "_wait_scopes")
+    __slots__ = (
+        "_closed",
+        "_drained",
+        "_on_asyncio",
+        "_reader",
+        "_sock",
+        "_trio",
+        "_trio_busy",
+        "_trio_closed",
+        "_wait_scopes",
+    )
 
     def __init__(self, sock: socket.socket) -> None:
         super().__init__()
         sock.setblocking(False)
         self._sock = sock
         self._closed = False
+        # The last recv returned less than it asked for: the socket was empty.
+        self._drained = False
         self._wait_scopes: set[CancelScope] = set()
         self._reader = _loop_reader(sock)
         self._on_asyncio = self._reader is not None
+        # trio's lowlevel module and exceptions on trio, None on asyncio.
+        self._trio: ModuleType | None = None
+        self._trio_closed: type[Exception] = ClosedResourceError
+        self._trio_busy: type[Exception] = BusyResourceError
+        if not self._on_asyncio:
+            import trio  # only ever imported under trio
+
+            self._trio = trio.lowlevel
+            self._trio_closed = trio.ClosedResourceError
+            self._trio_busy = trio.BusyResourceError
 
     @property
     def extra_attributes(self) -> Mapping[Any, Any]:
@@ -186,12 +217,22 @@ class SocketTransport(Transport):
                 if self._closed:
                     raise ClosedResourceError
                 return
-        wait = wait_readable if readable else wait_writable
-        if not self._on_asyncio:
-            # trio: notify_closing() in abort() wakes this wait, whichever task
-            # is in it (ClosedResourceError).
-            await wait(self._sock)
+        trio_lowlevel = self._trio
+        if trio_lowlevel is not None:
+            # trio, called directly (AnyIO's wrapper looks up the backend on
+            # every call): notify_closing() in abort() wakes this wait,
+            # whichever task is in it.
+            try:
+                if readable:
+                    await trio_lowlevel.wait_readable(self._sock)
+                else:
+                    await trio_lowlevel.wait_writable(self._sock)
+            except self._trio_closed:
+                raise ClosedResourceError from None
+            except self._trio_busy:
+                raise BusyResourceError("reading from" if readable else "writing to") from None
         else:
+            wait = wait_readable if readable else wait_writable
             # asyncio: anyio's notify_closing() only finds waits registered in
             # the calling task's context, so abort() also cancels this scope.
             with CancelScope() as scope:
@@ -205,23 +246,48 @@ class SocketTransport(Transport):
 
     async def receive_into(self, buffer: memoryview) -> int:
         sock = self._sock
+        if self._drained:
+            await self._wait(readable=True)
         while True:
             if self._closed:
                 raise ClosedResourceError
             try:
-                return sock.recv_into(buffer)
+                n = sock.recv_into(buffer)
             except BlockingIOError:
                 pass
             except OSError as exc:
                 raise self._translate(exc) from exc
+            else:
+                self._drained = n < buffer.nbytes
+                return n
             await self._wait(readable=True)
 
     async def send_all(self, buffers: Sequence[Buffer]) -> None:
         sock = self._sock
+        if len(buffers) == 1 and not self._closed:
+            # Fast path: one buffer (a small message joined with its header)
+            # that the socket takes whole, the usual case.
+            data = buffers[0]
+            try:
+                sent = sock.send(data)
+            except BlockingIOError:
+                sent = 0
+            except OSError as exc:
+                self.send_interrupted = True
+                raise self._translate(exc) from exc
+            size = len(data) if type(data) is bytes else memoryview(data).nbytes
+            if sent == size:
+                return
+            if sent:
+                buffers = [memoryview(data)[sent:]]
+                sent_any = True
+            else:
+                sent_any = False
+        else:
+            sent_any = False
         pending: list[Any] = list(buffers)
         first = 0
         count = len(pending)
-        sent_any = False
         while first < count:
             if self._closed:
                 raise ClosedResourceError

@@ -1,0 +1,387 @@
+"""Per-call costs of anyio-comm's small-message path, in one process.
+
+Three modes, for one backend at a time:
+
+* ``micro`` (default): the pure-Python pieces of one 1 KB round trip, timed
+  in isolation with ``time.perf_counter_ns`` (best of several batches):
+  ``Serializer.dumps`` / ``loads``, the header and gather-list layout,
+  ``FrameDecoder.next_message`` on a message already in the read-ahead
+  buffer, and the checkpoints the comm takes per operation.
+* ``roundtrip``: ``--count`` request/reply round trips of ``{"data": payload}``
+  between a client and an echo server in the same process over loopback TCP
+  (both ends on one CPU): process CPU time per round trip is the cost of
+  both ends together, system calls included (CPU time rather than wall time,
+  so other processes on a busy machine do not count). ``--system raw`` runs
+  the floor instead (asyncio ``BufferedProtocol``, or trio socket
+  ``recv_into``, with an 8-byte length prefix); ``--warmup 0`` under
+  ``strace -c -f`` gives system calls per round trip.
+* ``profile``: the same round trips under :mod:`cProfile`; prints the
+  functions with the most own time, as microseconds per call and per round
+  trip.
+
+Run from the repository root::
+
+    python -m benchmarks.profile_small --backend asyncio --mode micro
+    python -m benchmarks.profile_small --backend trio --mode roundtrip --count 20000
+    python -m benchmarks.profile_small --backend uvloop --mode profile --count 20000
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import cProfile
+import io
+import os
+import pstats
+import sys
+import time
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint, checkpoint_if_cancelled
+
+import anyio_comm
+from anyio_comm._sansio import wire as wire_format
+from anyio_comm._sansio.decoder import FrameDecoder
+from anyio_comm._sansio.serialization import Serializer
+from anyio_comm._sansio.wire import Limits, encode_header, encode_preamble, frames_to_iov
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+BACKENDS = {
+    "asyncio": ("asyncio", {}),
+    "uvloop": ("asyncio", {"use_uvloop": True}),
+    "trio": ("trio", {}),
+}
+MAX_COUNT = 1_000_000
+
+
+def _payload(size: int) -> bytes:
+    return bytes(range(256)) * (size // 256) + bytes(size % 256)
+
+
+def _best_ns(func: Callable[[], object], count: int, batches: int = 5) -> float:
+    """Best per-call nanoseconds of ``func`` over ``batches`` batches of ``count`` calls."""
+    best = float("inf")
+    for _ in range(batches):
+        t0 = time.perf_counter_ns()
+        for _ in range(count):
+            func()
+        best = min(best, (time.perf_counter_ns() - t0) / count)
+    return best
+
+
+async def _best_async_ns(func: Callable[[], Awaitable[object]], count: int) -> float:
+    best = float("inf")
+    for _ in range(5):
+        t0 = time.perf_counter_ns()
+        for _ in range(count):
+            await func()
+        best = min(best, (time.perf_counter_ns() - t0) / count)
+    return best
+
+
+def micro(backend: str, size: int, count: int) -> list[tuple[str, float]]:
+    """Time each pure-Python step of a round trip; return ``(name, us per call)``."""
+    serializer = Serializer()
+    message = {"data": _payload(size)}
+    frames = serializer.dumps(message)
+    lengths = [f.nbytes for f in frames]
+    header = encode_header(lengths)
+    wire = b"".join([header, *frames])
+    limits = Limits()
+
+    decoder = FrameDecoder()
+    decoder.feed(encode_preamble(limits))
+    decoder.next_handshake()
+
+    def decode_one() -> object:
+        buf = decoder.get_buffer()
+        buf[: len(wire)] = wire
+        decoder.buffer_updated(len(wire))
+        return decoder.next_message()
+
+    def encode_one() -> object:
+        ls = [f.nbytes for f in frames]
+        limits.check_send(ls)
+        return frames_to_iov(encode_header(ls), frames)
+
+    refill = decoder.get_buffer
+    encode_message = getattr(wire_format, "encode_message", None)
+    results = [
+        ("Serializer.dumps", _best_ns(lambda: serializer.dumps(message), count)),
+        ("Serializer.loads", _best_ns(lambda: serializer.loads(frames), count)),
+        ("lengths+check_send+encode_header+frames_to_iov", _best_ns(encode_one, count)),
+        ("get_buffer+copy-in+buffer_updated+next_message", _best_ns(decode_one, count)),
+        ("get_buffer (empty read-ahead)", _best_ns(refill, count)),
+    ]
+    if encode_message is not None:
+        results.append(
+            ("encode_message (one-frame layout)", _best_ns(lambda: encode_message(frames), count))
+        )
+
+    async def loop_costs() -> None:
+        results.append(("anyio checkpoint()", await _best_async_ns(checkpoint, count)))
+        results.append(
+            (
+                "anyio checkpoint_if_cancelled()",
+                await _best_async_ns(checkpoint_if_cancelled, count),
+            )
+        )
+        results.append(
+            (
+                "anyio cancel_shielded_checkpoint()",
+                await _best_async_ns(cancel_shielded_checkpoint, count),
+            )
+        )
+        if backend == "trio":
+            import trio.lowlevel
+
+            for func in (
+                trio.lowlevel.checkpoint,
+                trio.lowlevel.checkpoint_if_cancelled,
+                trio.lowlevel.cancel_shielded_checkpoint,
+            ):
+                results.append(
+                    (f"trio.lowlevel.{func.__name__}()", await _best_async_ns(func, count))
+                )
+        else:
+            results.append(
+                ("asyncio.sleep(0)", await _best_async_ns(lambda: asyncio.sleep(0), count))
+            )
+
+    name, options = BACKENDS[backend]
+    anyio.run(loop_costs, backend=name, backend_options=options)
+    return [(n, ns / 1000) for n, ns in results]
+
+
+async def _roundtrips(size: int, count: int, warmup: int, concurrency: int = 1) -> float:
+    """Run ``count`` echo round trips in this process, spread over
+    ``concurrency`` connections; return the CPU seconds taken."""
+    payload = _payload(size)
+    message = {"data": payload}
+
+    async def echo(comm: anyio_comm.Comm) -> None:
+        async for received in comm:
+            await comm.send(received)
+
+    async def client(comm: anyio_comm.Comm, n: int) -> None:
+        for _ in range(n):
+            await comm.send(message)
+            reply = await comm.receive()
+        if n and len(reply["data"]) != size:
+            raise RuntimeError("echo came back with the wrong size")
+
+    async with anyio_comm.listen("tcp://127.0.0.1:0", echo) as listener:
+        comms = [
+            await anyio_comm.connect(listener.address, timeout=10) for _ in range(concurrency)
+        ]
+        await client(comms[0], warmup)
+        t0 = time.process_time()
+        async with anyio.create_task_group() as tg:
+            for i, comm in enumerate(comms):
+                tg.start_soon(client, comm, count // concurrency + (i < count % concurrency))
+        elapsed = time.process_time() - t0
+        for comm in comms:
+            await comm.aclose()
+        await listener.shutdown(1.0)
+    return elapsed
+
+
+async def _floor_asyncio(size: int, count: int, warmup: int) -> float:
+    """The raw floor on asyncio/uvloop: ``BufferedProtocol`` echo, 8-byte length prefix."""
+    loop = asyncio.get_running_loop()
+
+    class Echo(asyncio.BufferedProtocol):
+        def __init__(self, reply: bool) -> None:
+            self.buf = bytearray(65536)
+            self.view = memoryview(self.buf)
+            self.end = 0
+            self.reply = reply
+            self.transport: Any = None
+            self.waiter: asyncio.Future[None] | None = None
+
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+
+        def get_buffer(self, sizehint: int) -> memoryview:  # noqa: ARG002
+            return self.view[self.end :]
+
+        def buffer_updated(self, nbytes: int) -> None:
+            # One message in flight per connection (request/reply), so the
+            # buffer is empty again once a message is complete.
+            self.end += nbytes
+            if self.end < 8 or self.end < 8 + int.from_bytes(self.buf[:8], "big"):
+                return
+            message = bytes(self.view[: self.end])
+            self.end = 0
+            if self.reply:
+                self.transport.write(message)
+            elif self.waiter is not None and not self.waiter.done():
+                self.waiter.set_result(None)
+
+    server = await loop.create_server(lambda: Echo(True), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    transport, client = await loop.create_connection(lambda: Echo(False), "127.0.0.1", port)
+    request = len(_payload(size)).to_bytes(8, "big") + _payload(size)
+    t0 = 0.0
+    for i in range(warmup + count):
+        if i == warmup:
+            t0 = time.process_time()
+        client.waiter = loop.create_future()
+        transport.write(request)
+        await client.waiter
+    elapsed = time.process_time() - t0
+    transport.close()
+    server.close()
+    return elapsed
+
+
+async def _floor_trio(size: int, count: int, warmup: int) -> float:
+    """The raw floor on trio: socket ``recv_into`` echo, 8-byte length prefix."""
+    import trio
+
+    listener = trio.socket.socket()
+    await listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    request = len(_payload(size)).to_bytes(8, "big") + _payload(size)
+
+    async def read_message(sock: Any, buf: bytearray) -> None:
+        view = memoryview(buf)
+        got = 0
+        while got < 8 or got < 8 + int.from_bytes(buf[:8], "big"):
+            n = await sock.recv_into(view[got:])
+            if not n:
+                raise EOFError
+            got += n
+
+    async def serve(sock: Any) -> None:
+        buf = bytearray(65536)
+        with sock:
+            for _ in range(warmup + count):
+                await read_message(sock, buf)
+                await sock.send(request)
+
+    async with trio.open_nursery() as nursery:
+        client = trio.socket.socket()
+        await client.connect(listener.getsockname())
+        sock, _ = await listener.accept()
+        nursery.start_soon(serve, sock)
+        buf = bytearray(65536)
+        t0 = 0.0
+        for i in range(warmup + count):
+            if i == warmup:
+                t0 = time.process_time()
+            await client.send(request)
+            await read_message(client, buf)
+        elapsed = time.process_time() - t0
+        client.close()
+    listener.close()
+    return elapsed
+
+
+def roundtrip(
+    backend: str,
+    size: int,
+    count: int,
+    repeat: int,
+    system: str,
+    warmup: int | None,
+    concurrency: int = 1,
+) -> float:
+    """Best CPU microseconds per round trip over ``repeat`` runs."""
+    name, options = BACKENDS[backend]
+    if warmup is None:
+        warmup = min(count // 10 + 1, 2000)
+    warmup = max(0, min(warmup, MAX_COUNT))
+    if system == "raw":
+        func = _floor_trio if backend == "trio" else _floor_asyncio
+        args: tuple[int, ...] = (size, count, warmup)
+    else:
+        func = _roundtrips
+        args = (size, count, warmup, concurrency)
+    best = min(
+        anyio.run(func, *args, backend=name, backend_options=options) for _ in range(repeat)
+    )
+    return best / count * 1e6
+
+
+def profile(backend: str, size: int, count: int, top: int, concurrency: int = 1) -> str:
+    """Profile ``count`` round trips; return a table of the costliest functions."""
+    name, options = BACKENDS[backend]
+    profiler = cProfile.Profile()
+    profiler.enable()
+    anyio.run(_roundtrips, size, count, 0, concurrency, backend=name, backend_options=options)
+    profiler.disable()
+    stats = pstats.Stats(profiler, stream=io.StringIO())
+    rows: list[tuple[float, float, int, str]] = []
+    for (filename, line, func), (_cc, calls, tottime, cumtime, _) in stats.stats.items():  # type: ignore[attr-defined]
+        where = f"{os.path.basename(filename)}:{line}({func})"
+        rows.append((tottime, cumtime, calls, where))
+    rows.sort(reverse=True)
+    total = sum(r[0] for r in rows)
+    lines = [
+        (
+            f"cProfile of {count} round trips ({backend}, {size} B, both ends in one process);"
+            f" profiled total {total / count * 1e6:.1f} us per round trip"
+        ),
+        f"{'own us/rt':>10} {'cum us/rt':>10} {'calls/rt':>9} {'us/call':>8}  function",
+    ]
+    for tottime, cumtime, calls, where in rows[:top]:
+        lines.append(
+            f"{tottime / count * 1e6:10.2f} {cumtime / count * 1e6:10.2f} "
+            f"{calls / count:9.2f} {tottime / max(calls, 1) * 1e6:8.2f}  {where}"
+        )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", choices=sorted(BACKENDS), default="asyncio")
+    parser.add_argument("--mode", choices=("micro", "roundtrip", "profile"), default="micro")
+    parser.add_argument("--size", type=int, default=1000, help="payload bytes (default 1000)")
+    parser.add_argument("--count", type=int, default=20000, help="calls or round trips")
+    parser.add_argument("--repeat", type=int, default=3, help="roundtrip: best of N runs")
+    parser.add_argument("--top", type=int, default=30, help="profile: rows shown")
+    parser.add_argument(
+        "--concurrency", type=int, default=1, help="anyio-comm connections (default 1)"
+    )
+    parser.add_argument(
+        "--system",
+        choices=("anyio-comm", "raw"),
+        default="anyio-comm",
+        help="roundtrip: anyio-comm, or the raw floor (asyncio BufferedProtocol, trio socket)",
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="roundtrip: warm-up round trips (0 for strace)"
+    )
+    args = parser.parse_args(argv)
+    count = max(1, min(args.count, MAX_COUNT))
+    concurrency = max(1, min(args.concurrency, 64))
+    print(f"Python {sys.version.split()[0]}, backend {args.backend}, payload {args.size} B")
+    if args.mode == "micro":
+        for name, us in micro(args.backend, args.size, count):
+            print(f"{us:8.3f} us  {name}")
+    elif args.mode == "roundtrip":
+        us = roundtrip(
+            args.backend,
+            args.size,
+            count,
+            max(1, min(args.repeat, 20)),
+            args.system,
+            args.warmup,
+            concurrency,
+        )
+        print(
+            f"{us:8.2f} CPU us per round trip ({args.system}, both ends, one process),"
+            f" {1e6 / us:,.0f} rt/s"
+        )
+    else:
+        print(profile(args.backend, args.size, count, max(1, min(args.top, 200)), concurrency))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
