@@ -164,6 +164,23 @@ async def test_cancelled_receive_can_be_retried(kind: str) -> None:
         assert await server.receive() == "hello"
 
 
+async def test_receive_cancelled_with_the_message_already_buffered_keeps_it(kind: str) -> None:
+    """A receive that finds its message buffered still yields, and a cancellation
+    there keeps the message for the next receive: nothing lost, nothing reordered."""
+    async with connected_pair(kind) as (client, server):
+        for i in range(3):
+            await client.send(i)
+        assert await server.receive() == 0
+        await anyio.sleep(0.05)  # messages 1 and 2 arrive (read ahead with message 0 or not)
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            await server.receive()
+        assert scope.cancelled_caught
+        assert [await server.receive(), await server.receive()] == [1, 2]
+        await client.send(3)
+        assert await server.receive() == 3
+
+
 async def test_send_cancelled_mid_message_breaks_the_comm(kind: str) -> None:
     async with connected_pair(kind) as (client, server):
         scope = anyio.CancelScope()
