@@ -78,9 +78,9 @@ def demo(session: nox.Session) -> None:
 
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
-    """A short run of the echo benchmark (anyio-comm vs plain AnyIO streams)."""
+    """The short comparison (anyio-comm vs raw floors, AnyIO streams, dask, pyzmq), ~3 min."""
     session.install(".[bench]")
-    session.run("python", "-m", "benchmarks.echo", "--seconds", "1", *session.posargs)
+    session.run("python", "-m", "benchmarks.compare", "--quick", *session.posargs)
 
 
 @nox.session(python="3.11")

@@ -15,6 +15,13 @@ def test_performance_tables_are_generated_from_the_committed_run() -> None:
     assert (DOCS / "_generated" / "echo.md").read_text() == render(data)
 
 
+def test_comparison_report_is_generated_from_the_committed_run() -> None:
+    from benchmarks.render_compare import render as render_compare
+
+    data = json.loads((DOCS / "_generated" / "compare.json").read_text())
+    assert (DOCS / "_generated" / "compare.md").read_text() == render_compare(data)
+
+
 def test_every_page_is_in_the_toctree() -> None:
     index = (DOCS / "index.md").read_text()
     pages = {p.relative_to(DOCS).with_suffix("").as_posix() for p in DOCS.rglob("*.md")}

@@ -1,0 +1,672 @@
+"""Echo comparison: anyio-comm against raw floors, AnyIO streams, dask and pyzmq.
+
+One invocation runs the same request/reply echo workload through every system,
+interleaved (for each repeat, for each workload, for each system and backend)
+so that drift in the machine hits all of them alike, and keeps the best run
+of each case. Systems (``benchmarks/systems/``, one module each):
+
+* ``anyio-comm`` on asyncio, uvloop and trio: ``{"data": [frames...]}`` through
+  ``Comm.send`` / ``Comm.receive`` (msgpack body, out-of-band frames);
+* ``floor``: the same bytes with no library: an asyncio ``BufferedProtocol``
+  (asyncio, uvloop) or ``trio.socket`` ``recv_into``/``sendmsg`` (trio);
+* ``floor-blocking``: blocking sockets, a server thread per connection,
+  ``recv_into``/``sendmsg`` (backend ``threads``);
+* ``anyio-streams``: plain AnyIO TCP streams (``TLSStream`` over TLS);
+* ``dask``: ``distributed.comm`` over ``tcp://`` / ``tls://`` on asyncio;
+* ``zmq``: pyzmq DEALER/ROUTER with ``zmq.asyncio`` (plain TCP only).
+
+The floors and anyio-streams frame a message as an 8-byte frame count, 8-byte
+lengths, then the frames. A workload is a frame size (``--sizes``), a number of
+concurrent connections in the client process (``--concurrency``), a number of
+frames per message (``--frames``) and TLS on or off (``--tls``). Each case runs
+in a fresh server process pinned to one CPU and a fresh client process pinned
+to another (helpers from :mod:`benchmarks.echo`). A system whose package is
+missing is skipped with a note.
+
+Run from the repository root::
+
+    python -m benchmarks.compare --quick
+    python -m benchmarks.compare --repeat 2 --seconds 1 --json benchmarks/results/compare.json \\
+        --markdown benchmarks/results/compare.md --plot benchmarks/results/compare.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.metadata
+import importlib.util
+import json
+import multiprocessing
+import os
+import platform
+import ssl
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+from benchmarks.echo import (
+    STARTUP_TIMEOUT,
+    TLSFiles,
+    _choose_cpus,
+    _fmt_size,
+    _loadavg,
+    _pin,
+    _receive,
+    _reporting_to,
+    _stop,
+    client_context,
+    make_certificates,
+    server_context,
+)
+from benchmarks.systems import SYSTEMS
+from benchmarks.systems.framing import run_backend
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+SIZES = (1_000, 10_000, 100_000, 1_000_000, 10_000_000)
+QUICK_SIZES = (1_000, 1_000_000)
+TLS_SIZES = (1_000, 1_000_000, 10_000_000)
+QUICK_TLS = ((1_000, 4), (1_000_000, 1))  # (size, concurrency) of the --quick TLS workloads
+TLS_VERSION = "1.3"
+STRETCH = 20.0  # most seconds a window waits past its end for its first round trip
+
+
+@dataclass(frozen=True)
+class Case:
+    """One cell of the comparison matrix."""
+
+    system: str
+    backend: str
+    size: int  # bytes per frame
+    concurrency: int
+    frames: int = 1
+    tls: str | None = None  # TLS version, None for plain TCP
+
+    @property
+    def label(self) -> str:
+        """System and backend, with ``+tls`` for a TLS case."""
+        return f"{self.system}{'+tls' if self.tls else ''}/{self.backend}"
+
+    @property
+    def workload(self) -> str:
+        """Size, frames, concurrency and TLS mode, as text."""
+        frames = f"{self.frames}x" if self.frames > 1 else ""
+        return f"{frames}{_fmt_size(self.size)} c{self.concurrency} {'tls' if self.tls else 'tcp'}"
+
+
+@dataclass
+class Counter:
+    """Messages echoed by the server: ``n`` plus one cell per server thread."""
+
+    n: int = 0
+    cells: list[list[int]] = field(default_factory=list)
+
+    def total(self) -> int:
+        """All messages echoed so far."""
+        return self.n + sum(cell[0] for cell in self.cells)
+
+
+# -- server process -----------------------------------------------------------
+
+
+def _control(conn: Connection, counter: Counter, address: str, lifetime: float) -> None:
+    """Report the address, snapshot (CPU time, messages) at each command, then exit."""
+    conn.send(("ready", address))
+    marks: list[tuple[float, int]] = []
+    deadline = time.monotonic() + lifetime
+    with contextlib.suppress(EOFError, OSError):
+        while len(marks) < 16 and (remaining := deadline - time.monotonic()) > 0:
+            if not conn.poll(min(remaining, 1.0)):
+                continue
+            command = conn.recv()
+            marks.append((time.process_time(), counter.total()))
+            if command == "stop":
+                break
+        conn.send(("marks", marks))
+        conn.close()
+    os._exit(0)  # the server's loop never returns on its own
+
+
+def server_main(
+    conn: Connection, case: Case, tls: TLSFiles | None, cpu: int | None, lifetime: float
+) -> None:
+    """Entry point of the server process: the system's server plus a control thread."""
+    with _reporting_to(conn):
+        _pin(cpu)
+        ssl_context = None
+        if case.tls is not None:
+            assert tls is not None
+            ssl_context = server_context(tls, case.tls)
+        counter = Counter()
+
+        def ready(address: str) -> None:
+            args = (conn, counter, address, lifetime)
+            threading.Thread(target=_control, args=args, daemon=True).start()
+
+        SYSTEMS[case.system].module(case.backend).run_server(case, ssl_context, counter, ready)
+
+
+# -- client process -----------------------------------------------------------
+
+
+@dataclass
+class _Window:
+    """Measurement window shared by the client's connections."""
+
+    start: float
+    end: float
+    max_count: int
+    latencies: list[float] = field(default_factory=list)
+
+    def record(self, t0: float, t1: float) -> bool:
+        """Record a round trip from t0 to t1; False once the window is over.
+
+        A window in which no round trip completed (very large messages on a busy
+        machine) is stretched to the end of the first one, up to ``STRETCH`` seconds.
+        """
+        if t1 >= self.end and (self.latencies or t1 >= self.end + STRETCH):
+            return False
+        if t1 >= self.start:
+            self.latencies.append(t1 - t0)
+            if len(self.latencies) >= self.max_count or t1 >= self.end:
+                self.end = t1
+                return False
+        return True
+
+    def open(self) -> bool:
+        """Whether the window is still open (or stretched, waiting for a first round trip)."""
+        now = time.perf_counter()
+        return now < self.end or (not self.latencies and now < self.end + STRETCH)
+
+
+async def _async_load(
+    conn: Connection, case: Case, address: str, ssl_context: Any, window: _Window
+) -> tuple[float, float]:
+    import anyio
+
+    module = SYSTEMS[case.system].module(case.backend)
+    async with contextlib.AsyncExitStack() as stack:
+        with anyio.fail_after(STARTUP_TIMEOUT):
+            roundtrips = [
+                await module.open_client(stack, address, case, ssl_context)
+                for _ in range(case.concurrency)
+            ]
+        window.start += time.perf_counter()
+        window.end += window.start
+
+        async def worker(roundtrip: Any) -> None:
+            while True:
+                t0 = time.perf_counter()
+                await roundtrip()
+                if not window.record(t0, time.perf_counter()):
+                    return
+
+        with anyio.fail_after(window.end - time.perf_counter() + STRETCH + STARTUP_TIMEOUT):
+            async with anyio.create_task_group() as tg:
+                for roundtrip in roundtrips:
+                    tg.start_soon(worker, roundtrip)
+                await anyio.sleep(max(0.0, window.start - time.perf_counter()))
+                cpu0 = time.process_time()
+                conn.send("mark")
+                while window.open():  # noqa: ASYNC110 (a deadline that may be stretched)
+                    await anyio.sleep(0.02)
+                cpu1 = time.process_time()
+                conn.send("mark")
+    return cpu0, cpu1
+
+
+def _blocking_load(
+    conn: Connection, case: Case, address: str, ssl_context: Any, window: _Window
+) -> tuple[float, float]:
+    module = SYSTEMS[case.system].module(case.backend)
+    errors: list[BaseException] = []
+    with contextlib.ExitStack() as stack:
+        roundtrips = [
+            module.open_blocking(stack, address, case, ssl_context)
+            for _ in range(case.concurrency)
+        ]
+        window.start += time.perf_counter()
+        window.end += window.start
+
+        def worker(roundtrip: Any) -> None:
+            try:
+                while True:
+                    t0 = time.perf_counter()
+                    roundtrip()
+                    if not window.record(t0, time.perf_counter()):
+                        return
+            except BaseException as exc:
+                errors.append(exc)
+
+        threads = [threading.Thread(target=worker, args=(rt,), daemon=True) for rt in roundtrips]
+        for thread in threads:
+            thread.start()
+        time.sleep(max(0.0, window.start - time.perf_counter()))
+        cpu0 = time.process_time()
+        conn.send("mark")
+        while window.open() and not errors:
+            time.sleep(0.02)
+        cpu1 = time.process_time()
+        conn.send("mark")
+        for thread in threads:
+            thread.join(STARTUP_TIMEOUT)
+    if errors:
+        raise errors[0]
+    return cpu0, cpu1
+
+
+def client_main(
+    conn: Connection,
+    case: Case,
+    tls: TLSFiles | None,
+    address: str,
+    cpu: int | None,
+    seconds: float,
+    warmup: float,
+    max_count: int,
+) -> None:
+    """Entry point of the client process: run the load, send back the measurements."""
+    with _reporting_to(conn):
+        _pin(cpu)
+        ssl_context = None
+        if case.tls is not None:
+            assert tls is not None
+            ssl_context = client_context(tls, case.tls)
+        window = _Window(start=warmup, end=seconds, max_count=max_count)  # made absolute later
+        if SYSTEMS[case.system].blocking:
+            cpu0, cpu1 = _blocking_load(conn, case, address, ssl_context, window)
+        else:
+            cpu0, cpu1 = run_backend(
+                case.backend, _async_load, conn, case, address, ssl_context, window
+            )
+        count = len(window.latencies)
+        if not count:
+            raise RuntimeError("no round trip completed inside the measurement window")
+        rps = count / (window.end - window.start)
+        ordered = sorted(window.latencies)
+
+        def percentile_ms(q: float) -> float:
+            return ordered[round(q * (count - 1))] * 1e3
+
+        conn.send(
+            (
+                "result",
+                {
+                    "round_trips": count,
+                    "window_s": window.end - window.start,
+                    "rps": rps,
+                    "us_per_rt": 1e6 / rps,
+                    "mb_per_s": rps * case.size * case.frames / 1e6,
+                    "p50_ms": percentile_ms(0.50),
+                    "p99_ms": percentile_ms(0.99),
+                    "max_ms": percentile_ms(1),
+                    "client_cpu_us_per_rt": (cpu1 - cpu0) / count * 1e6,
+                },
+            )
+        )
+
+
+# -- orchestration ------------------------------------------------------------
+
+
+def run_case(
+    ctx: Any,
+    case: Case,
+    cpus: tuple[int | None, int | None],
+    args: argparse.Namespace,
+    tls: TLSFiles | None,
+) -> dict[str, Any]:
+    """Run one case in a fresh server process and a fresh client process."""
+    budget = STARTUP_TIMEOUT + args.warmup + args.seconds + STRETCH + STARTUP_TIMEOUT
+    server_conn, server_child = ctx.Pipe()
+    client_conn, client_child = ctx.Pipe()
+    server = ctx.Process(
+        target=server_main,
+        name=f"{case.system}-server",
+        daemon=True,
+        args=(server_child, case, tls, cpus[0], budget + 10),
+    )
+    client = None
+    try:
+        server.start()
+        server_child.close()
+        _, address = _receive(server_conn, server, time.monotonic() + STARTUP_TIMEOUT)
+        client = ctx.Process(
+            target=client_main,
+            name=f"{case.system}-client",
+            daemon=True,
+            args=(
+                client_child,
+                case,
+                tls,
+                address,
+                cpus[1],
+                args.seconds,
+                args.warmup,
+                args.max_count,
+            ),
+        )
+        client.start()
+        client_child.close()
+        deadline = time.monotonic() + budget
+        while (message := _receive(client_conn, client, deadline)) == "mark":
+            server_conn.send("mark")  # the client's window starts or ends now
+        kind, result = message
+        if kind != "result":
+            raise RuntimeError(f"unexpected message from the client: {message!r}")
+        server_conn.send("stop")
+        _, marks = _receive(server_conn, server, time.monotonic() + 10)
+    finally:
+        for conn in (server_conn, server_child, client_conn, client_child):
+            conn.close()
+        for proc in (client, server):
+            _stop(proc)
+    result["server_cpu_us_per_rt"] = None
+    if len(marks) >= 2 and marks[1][1] > marks[0][1]:
+        (cpu0, n0), (cpu1, n1) = marks[:2]
+        result["server_cpu_us_per_rt"] = (cpu1 - cpu0) / (n1 - n0) * 1e6
+    return {**asdict(case), **result}
+
+
+class Progress:
+    """A one-line counter with an ETA on stderr."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = 0
+        self.started = time.monotonic()
+        self.tty = sys.stderr.isatty()
+
+    def update(self, text: str) -> None:
+        """Count one finished case and show ``text`` about it."""
+        self.done += 1
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / self.done * (self.total - self.done)
+        line = (
+            f"[{self.done}/{self.total} {100 * self.done / self.total:3.0f}% "
+            f"{elapsed / 60:.1f} min, ETA {eta / 60:.1f} min] {text}"
+        )
+        if self.tty:
+            sys.stderr.write(f"\r\x1b[K{line}")
+            if self.done == self.total:
+                sys.stderr.write("\n")
+        else:
+            sys.stderr.write(f"{line}\n")
+        sys.stderr.flush()
+
+    def note(self, text: str) -> None:
+        """Print ``text`` on a line of its own."""
+        sys.stderr.write(("\n" if self.tty and self.done else "") + text + "\n")
+        sys.stderr.flush()
+
+
+def run_matrix(
+    cases: list[Case],
+    cpus: tuple[int | None, int | None],
+    args: argparse.Namespace,
+    tls: TLSFiles | None,
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Every case ``args.repeat`` times, interleaved; return (best per case, all runs)."""
+    ctx = multiprocessing.get_context("spawn")
+    runs: list[dict[str, Any]] = []
+    best: dict[Case, dict[str, Any]] = {}
+    progress = Progress(len(cases) * args.repeat)
+    for repeat in range(args.repeat):
+        for case in cases:
+            try:
+                result = run_case(ctx, case, cpus, args, tls)
+            except Exception as exc:
+                lines = [line.strip(" |+-") for line in str(exc).splitlines()]
+                summary = next((line for line in reversed(lines) if line), repr(exc))
+                result = {**asdict(case), "error": summary, "details": str(exc)}
+                progress.note(f"{case.workload} {case.label} FAILED: {exc}")
+                progress.update(f"{case.workload} {case.label}: failed")
+            else:
+                progress.update(f"{case.workload} {case.label}: {result['rps']:,.0f} rt/s")
+            runs.append({"repeat": repeat, **result})
+            previous = best.get(case)
+            if previous is None or "error" in previous or result.get("rps", 0) > previous["rps"]:
+                best[case] = result
+    return [best[case] for case in cases], runs
+
+
+def build_cases(args: argparse.Namespace) -> list[Case]:
+    """The matrix: for each workload (size, concurrency, frames, TLS), every system and backend."""
+    workloads: list[tuple[int, int, int, str | None]] = []
+    for size in args.sizes:
+        for concurrency in args.concurrency:
+            for frames in args.frames:
+                for tls in args.tls_modes:
+                    if tls is not None and args.quick and (size, concurrency) not in QUICK_TLS:
+                        continue
+                    if tls is not None and (
+                        frames not in args.tls_frames or size not in args.tls_sizes
+                    ):
+                        continue
+                    workloads.append((size, concurrency, frames, tls))
+    cases = []
+    for size, concurrency, frames, tls in workloads:
+        for name in args.systems:
+            system = SYSTEMS[name]
+            for backend in system.tls_backends if tls else system.backends:
+                if backend in args.backends or backend == "threads":
+                    cases.append(Case(name, backend, size, concurrency, frames, tls))
+    return cases
+
+
+def _versions() -> dict[str, str | None]:
+    versions: dict[str, str | None] = {}
+    for dist in (
+        "anyio-comm",
+        "anyio",
+        "trio",
+        "uvloop",
+        "msgpack",
+        "distributed",
+        "tornado",
+        "pyzmq",
+    ):
+        try:
+            versions[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            versions[dist] = None
+    with contextlib.suppress(ImportError):
+        import zmq
+
+        versions["libzmq"] = zmq.zmq_version()
+    versions["openssl"] = ssl.OPENSSL_VERSION
+    return versions
+
+
+def format_table(results: list[dict[str, Any]]) -> str:
+    """One line per case."""
+    head = (
+        f"{'workload':<18}{'system/backend':<27}{'rt/s':>10}{'us/rt':>10}{'MB/s':>9}"
+        f"{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'cli us/rt':>11}{'srv us/rt':>11}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in results:
+        case = Case(r["system"], r["backend"], r["size"], r["concurrency"], r["frames"], r["tls"])
+        row = f"{case.workload:<18}{case.label:<27}"
+        if "error" in r:
+            lines.append(f"{row}FAILED: {r['error']}")
+            continue
+        srv = r["server_cpu_us_per_rt"]
+        lines.append(
+            f"{row}{r['rps']:>10,.0f}{r['us_per_rt']:>10.1f}{r['mb_per_s']:>9.1f}"
+            f"{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}{r['max_ms']:>9.3f}"
+            f"{r['client_cpu_us_per_rt']:>11.1f}{'-' if srv is None else f'{srv:.1f}':>11}"
+        )
+    return "\n".join(lines)
+
+
+# -- command line -------------------------------------------------------------
+
+
+def _csv(choices: tuple[str, ...] | None, convert: Any = str) -> Any:
+    def parse(text: str) -> list[Any]:
+        items = [convert(item.strip()) for item in text.split(",") if item.strip()]
+        if not items or (choices is not None and not set(items) <= set(choices)):
+            raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {choices}")
+        return items
+
+    return parse
+
+
+def _size(text: str) -> int:
+    value = int(float(text))  # accepts 1e6
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    return value
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """Parse the command line; fill in the defaults of the full or the --quick matrix."""
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.compare",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add = parser.add_argument
+    add(
+        "--quick",
+        action="store_true",
+        help="short matrix: sizes 1e3,1e6, c=1,4, 1 frame, TLS only for 1e3 c=4 and 1e6 c=1, "
+        "0.5 s per case",
+    )
+    add("--sizes", type=_csv(None, _size), help="frame sizes in bytes (default: 1e3,...,1e7)")
+    add("--concurrency", type=_csv(None, int), help="connections per client (default: 1,4)")
+    add("--frames", type=_csv(None, int), help="frames per message (default: 1,5)")
+    add(
+        "--tls-sizes",
+        type=_csv(None, _size),
+        help="frame sizes of the TLS workloads, among --sizes (default: 1e3,1e6,1e7)",
+    )
+    add(
+        "--tls-frames",
+        type=_csv(None, int),
+        default=[1],
+        help="frames per message of the TLS workloads (default: 1)",
+    )
+    add("--systems", type=_csv(tuple(SYSTEMS)), default=list(SYSTEMS), help="systems to run")
+    add(
+        "--backends",
+        type=_csv(("asyncio", "uvloop", "trio")),
+        default=["asyncio", "uvloop", "trio"],
+        help="async backends (the blocking floor always runs on threads)",
+    )
+    add("--tls", choices=("off", "on", "both"), default="both", help="TLS cases (default: both)")
+    add("--seconds", type=float, help="measured seconds per case (default 1, --quick 0.5)")
+    add("--warmup", type=float, help="warm-up seconds per case (default 0.3, --quick 0.2)")
+    add("--max-count", type=int, default=1_000_000, help="most round trips measured per case")
+    add("--repeat", type=int, help="repeats of the whole matrix, best kept (default 2, quick 1)")
+    add("--no-pin", action="store_true", help="do not pin server and client to CPUs")
+    add("--json", metavar="PATH", help="write all runs, the best per case and metadata")
+    add("--markdown", metavar="PATH", help="write the markdown report (render_compare)")
+    add("--plot", metavar="PATH", help="write the PNG plot (needs matplotlib)")
+    args = parser.parse_args(argv)
+    quick = args.quick
+    args.sizes = args.sizes or list(QUICK_SIZES if quick else SIZES)
+    args.concurrency = args.concurrency or [1, 4]
+    args.frames = args.frames or ([1] if quick else [1, 5])
+    args.tls_sizes = args.tls_sizes or list(TLS_SIZES)
+    args.seconds = args.seconds or (0.5 if quick else 1.0)
+    args.warmup = args.warmup if args.warmup is not None else (0.2 if quick else 0.3)
+    args.repeat = args.repeat or (1 if quick else 2)
+    args.tls_modes = {"off": [None], "on": [TLS_VERSION], "both": [None, TLS_VERSION]}[args.tls]
+    if not 0 < args.seconds <= 60 or not 0 <= args.warmup <= 10 or not 0 < args.repeat <= 20:
+        parser.error("--seconds must be in (0, 60], --warmup in [0, 10], --repeat in 1..20")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the comparison, print the table and write the requested files."""
+    args = parse_args(argv)
+    for name in list(args.systems):
+        if missing := SYSTEMS[name].missing():
+            print(f"note: skipping {name}: {', '.join(missing)} not installed", file=sys.stderr)
+            args.systems.remove(name)
+    for name in ("uvloop", "trio"):
+        if name in args.backends and importlib.util.find_spec(name) is None:
+            print(f"note: {name} is not installed; skipping that backend", file=sys.stderr)
+            args.backends.remove(name)
+    if args.tls != "off" and importlib.util.find_spec("trustme") is None:
+        print("note: trustme is not installed; skipping the TLS cases", file=sys.stderr)
+        args.tls_modes = [None]
+    cpus, pinning = _choose_cpus(args.no_pin)
+    versions = _versions()
+    cases = build_cases(args)
+    load_before = _loadavg()
+    print(
+        f"anyio-comm comparison: Python {platform.python_version()}, {platform.system()} "
+        f"{platform.machine()}, {os.cpu_count()} CPUs; "
+        + ", ".join(f"{k} {v}" for k, v in versions.items() if v)
+    )
+    print(f"pinning: {pinning}; load average before: {load_before}")
+    print(
+        f"{len(cases)} cases x {args.repeat} repeats (interleaved, best rt/s kept), "
+        f"{args.seconds:g} s per case after {args.warmup:g} s warm-up",
+        flush=True,
+    )
+    with contextlib.ExitStack() as stack:
+        tls_files = None
+        if any(case.tls for case in cases):
+            directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="compare-tls-"))
+            tls_files = make_certificates(directory)
+        results, runs = run_matrix(cases, cpus, args, tls_files)
+    print()
+    print(format_table(results))
+    command = sys.argv[1:] if argv is None else argv
+    data = {
+        "metadata": {
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "command": ["python", "-m", "benchmarks.compare", *command],
+            "python": sys.version,
+            "platform": platform.platform(),
+            "cpu_count": os.cpu_count(),
+            "pinning": pinning,
+            "server_cpu": cpus[0],
+            "client_cpu": cpus[1],
+            "load_average_before": load_before,
+            "load_average_after": _loadavg(),
+            "versions": versions,
+            "tls": {
+                "version": TLS_VERSION,
+                "openssl": ssl.OPENSSL_VERSION,
+                "certificates": "trustme CA, server certificate for 127.0.0.1 and localhost",
+            },
+            "systems": {name: SYSTEMS[name].description for name in args.systems},
+            "options": {
+                k: v for k, v in vars(args).items() if k not in ("json", "markdown", "plot")
+            },
+        },
+        "results": results,
+        "runs": runs,
+    }
+    from benchmarks import render_compare
+
+    print()
+    print(render_compare.summary(data))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            json.dump(data, fh, indent=2)
+            fh.write("\n")
+    if args.markdown:
+        with open(args.markdown, "w", encoding="utf-8") as fh:
+            fh.write(render_compare.render(data))
+    if args.plot:
+        try:
+            render_compare.plot(data, args.plot)
+        except ImportError:
+            print("note: matplotlib is not installed; no plot", file=sys.stderr)
+    return 1 if any("error" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
