@@ -137,9 +137,11 @@ def test_bench_local(runs: dict, backend: str, workload: str) -> None:
 
 
 def test_serve_and_bench_address_then_sigterm_and_sigint(tmp_path: Path) -> None:
+    # the second server runs on trio where it is installed
+    other = "trio" if importlib.util.find_spec("trio") is not None else "asyncio"
     servers = {
         signal.SIGTERM: _popen("serve", "tcp://127.0.0.1:0", "--grace", "1"),
-        signal.SIGINT: _popen("serve", "tcp://127.0.0.1:0", "--backend", "trio", "--gil-hold"),
+        signal.SIGINT: _popen("serve", "tcp://127.0.0.1:0", "--backend", other, "--gil-hold"),
     }
     try:
         addresses = {}
@@ -175,6 +177,9 @@ def test_serve_and_bench_address_then_sigterm_and_sigint(tmp_path: Path) -> None
             if server.poll() is None:
                 server.kill()
                 server.wait(10)
+            for pipe in (server.stdout, server.stderr):
+                if pipe is not None:
+                    pipe.close()
 
 
 def test_local_gil_hold_and_tls(tmp_path: Path) -> None:
