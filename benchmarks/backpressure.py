@@ -33,47 +33,35 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
-import json
-import multiprocessing
-import os
-import platform
 import re
 import shutil
-import ssl
 import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
 import anyio_comm
 
-from .echo import (
-    BACKENDS,
+from . import _harness
+from ._harness import (
     STARTUP_TIMEOUT,
+    ProcessPair,
     TLSFiles,
-    _choose_cpus,
-    _loadavg,
-    _pin,
-    _receive,
-    _reporting_to,
-    _run,
-    _stop,
-    _versions,
     client_context,
-    make_certificates,
+    run_backend,
     server_context,
 )
 
 if TYPE_CHECKING:
+    import ssl
     from multiprocessing.connection import Connection
 
 TRANSPORTS = ("tcp", "unix", "tls")
 TLS_VERSION = "1.3"
+ROLES = ("consumer", "producer")
 SAMPLE_INTERVAL = 0.01  # seconds between RSS samples
 DRAIN_TIMEOUT = 60.0  # seconds for the consumer to read what is in flight at the end
 _UNITS = {
@@ -236,14 +224,12 @@ async def _consumer(
 
 
 def consumer_main(
-    conn: Connection, case: Case, tls: TLSFiles | None, unix_dir: str | None, cpu: int | None
-) -> None:
+    conn: Connection, case: Case, tls: TLSFiles | None, unix_dir: str | None
+) -> dict[str, Any]:
     """Entry point of the consumer process."""
-    with _reporting_to(conn):
-        _pin(cpu)
-        ssl_context = server_context(tls, TLS_VERSION) if tls is not None else None
-        address = _listen_address(case, unix_dir)
-        conn.send(("result", _run(case.backend, _consumer, conn, case, address, ssl_context)))
+    ssl_context = server_context(tls, TLS_VERSION)
+    address = _listen_address(case, unix_dir)
+    return run_backend(case.backend, _consumer, conn, case, address, ssl_context)
 
 
 # -- producer (client) --------------------------------------------------------
@@ -293,13 +279,14 @@ async def _producer(
 
 
 def producer_main(
-    conn: Connection, case: Case, tls: TLSFiles | None, address: str, cpu: int | None
-) -> None:
+    conn: Connection,  # noqa: ARG001 (the producer reports only its result)
+    case: Case,
+    tls: TLSFiles | None,
+    address: str,
+) -> dict[str, Any]:
     """Entry point of the producer process."""
-    with _reporting_to(conn):
-        _pin(cpu)
-        ssl_context = client_context(tls, TLS_VERSION) if tls is not None else None
-        conn.send(("result", _run(case.backend, _producer, case, address, ssl_context)))
+    ssl_context = client_context(tls, TLS_VERSION)
+    return run_backend(case.backend, _producer, case, address, ssl_context)
 
 
 # -- orchestration ------------------------------------------------------------
@@ -310,36 +297,15 @@ def run_case(
 ) -> dict[str, Any]:
     """Run one backend in a fresh consumer and producer process; return the measurements."""
     budget = STARTUP_TIMEOUT + case.seconds_max + DRAIN_TIMEOUT + STARTUP_TIMEOUT
-    consumer_conn, consumer_child = ctx.Pipe()
-    producer_conn, producer_child = ctx.Pipe()
     unix_dir = tempfile.mkdtemp(prefix="acomm-bp-") if case.transport == "unix" else None
-    consumer = ctx.Process(
-        target=consumer_main,
-        name="backpressure-consumer",
-        daemon=True,
-        args=(consumer_child, case, tls, unix_dir, cpus[0]),
-    )
-    producer = None
     try:
-        consumer.start()
-        consumer_child.close()
-        _, address = _receive(consumer_conn, consumer, time.monotonic() + STARTUP_TIMEOUT)
-        producer = ctx.Process(
-            target=producer_main,
-            name="backpressure-producer",
-            daemon=True,
-            args=(producer_child, case, tls, address, cpus[1]),
-        )
-        producer.start()
-        producer_child.close()
-        deadline = time.monotonic() + budget
-        _, produced = _receive(producer_conn, producer, deadline)
-        _, consumed = _receive(consumer_conn, consumer, deadline)
+        with ProcessPair(ctx, "backpressure", cpus, ROLES) as pair:
+            consumer, address = pair.start_server(consumer_main, case, tls, unix_dir)
+            producer = pair.start_client(producer_main, case, tls, address)
+            deadline = time.monotonic() + budget
+            _, produced = producer.receive(deadline)
+            _, consumed = consumer.receive(deadline)
     finally:
-        for conn in (consumer_conn, consumer_child, producer_conn, producer_child):
-            conn.close()
-        for proc in (producer, consumer):
-            _stop(proc)
         if unix_dir is not None:
             shutil.rmtree(unix_dir, ignore_errors=True)
     if consumed["bytes"] != produced["bytes"]:
@@ -366,32 +332,26 @@ def _mb(n: int | None) -> str:
 def format_table(results: list[dict[str, Any]]) -> str:
     """One row per backend: moved, time, throughput, blocked share, RSS of each side."""
     head = (
-        f"{'backend':<9}{'transport':<10}{'moved GB':>9}{'s':>7}{'MB/s':>8}{'blocked':>8}"
+        f"{'moved GB':>9}{'s':>7}{'MB/s':>8}{'blocked':>8}"
         f"{'prod RSS MB start/peak/+':>26}{'cons RSS MB start/peak/+':>26}  stopped by"
     )
-    lines = [head, "-" * len(head)]
-    for r in results:
-        row = f"{r['backend']:<9}{r['transport']:<10}"
-        if "error" in r:
-            lines.append(f"{row}FAILED: {r['error']}")
-            continue
+
+    def figures(r: dict[str, Any]) -> list[str]:
         p, c = r["producer"], r["consumer"]
         rss_p = f"{_mb(p['rss_start'])}/{_mb(p['rss_peak'])}/{_mb(p['rss_growth'])}"
         rss_c = f"{_mb(c['rss_start'])}/{_mb(c['rss_peak'])}/{_mb(c['rss_growth'])}"
-        lines.append(
-            f"{row}{r['bytes'] / 1e9:>9.2f}{r['seconds']:>7.2f}{r['mb_per_s'] or 0:>8.0f}"
+        row = (
+            f"{r['bytes'] / 1e9:>9.2f}{r['seconds']:>7.2f}{r['mb_per_s'] or 0:>8.0f}"
             f"{p['blocked_fraction']:>8.0%}{rss_p:>26}{rss_c:>26}  {p['stopped_by']}"
         )
-    return "\n".join(lines)
+        return [row]
+
+    return _harness.backend_table(head, results, figures)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.backpressure",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = _harness.argument_parser("backpressure", __doc__)
     add = parser.add_argument
     add("--total", type=parse_size, default=2 * 10**9, help="bytes to send (default: 2GB)")
     add(
@@ -400,13 +360,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=10**6,
         help="bytes per message, at least 8 (default: 1MB)",
     )
-    add(
-        "--backend",
-        choices=(*BACKENDS, "all"),
-        default="all",
-        help="asyncio, uvloop, trio or all (default: all)",
-    )
-    add("--transport", choices=TRANSPORTS, default="tcp", help="default: tcp")
+    _harness.add_backend_options(parser, TRANSPORTS)
     add(
         "--seconds-max",
         type=float,
@@ -419,8 +373,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.001,
         help="seconds the consumer sleeps after each message (default: 0.001)",
     )
-    add("--no-pin", action="store_true", help="do not pin the processes to CPUs")
-    add("--json", metavar="PATH", help="also write the results and metadata as JSON")
+    _harness.add_output_options(parser, no_pin_help="do not pin the processes to CPUs")
     args = parser.parse_args(argv)
     if args.message_size < 8:
         parser.error("--message-size must be at least 8 bytes")
@@ -432,24 +385,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run the soak for each backend and print the results; return the exit status."""
     args = parse_args(argv)
-    backends = list(BACKENDS) if args.backend == "all" else [args.backend]
-    for name in ("uvloop", "trio"):
-        if name in backends and importlib.util.find_spec(name) is None:
-            print(f"note: {name} is not installed; skipping that backend", file=sys.stderr)
-            backends.remove(name)
-    if args.transport == "tls" and importlib.util.find_spec("trustme") is None:
-        print("error: --transport tls needs the trustme package", file=sys.stderr)
+    if (backends := _harness.backends_for(args)) is None:
         return 2
-    cpus, pinning = _choose_cpus(args.no_pin)
-    pinning = pinning.replace("server", "consumer").replace("client", "producer")
-    versions = _versions()
-    print(
-        f"anyio-comm backpressure soak: Python {platform.python_version()}, "
-        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs; "
-        + ", ".join(f"{k} {v}" for k, v in versions.items() if v)
-    )
-    load_before = _loadavg()
-    print(f"pinning: {pinning}; load average before: {load_before}")
+    run = _harness.start_run("backpressure", "backpressure soak", argv, args.no_pin, roles=ROLES)
     print(
         f"{args.transport}, {args.total / 1e9:g} GB in messages of {args.message_size:,} bytes "
         f"per backend, at most {args.seconds_max:g} s; the consumer sleeps "
@@ -457,63 +395,24 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     print(flush=True)
-    ctx = multiprocessing.get_context("spawn")
-    results: list[dict[str, Any]] = []
-    with contextlib.ExitStack() as stack:
-        tls_files = None
-        if args.transport == "tls":
-            directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="bp-tls-"))
-            tls_files = make_certificates(directory)
-        for backend in backends:
-            case = Case(
-                backend,
-                args.transport,
-                args.total,
-                args.message_size,
-                args.seconds_max,
-                args.consumer_delay,
-            )
-            try:
-                result = run_case(ctx, case, cpus, tls_files)
-            except Exception as exc:
-                lines = [line.strip(" |+-") for line in str(exc).splitlines()]
-                summary = next((line for line in reversed(lines) if line), repr(exc))
-                result = {**asdict(case), "error": summary, "details": str(exc)}
-                print(f"{backend}: FAILED", exc, sep="\n", file=sys.stderr, flush=True)
-            else:
-                print(
-                    f"{backend}: {result['bytes'] / 1e9:.2f} GB in {result['seconds']:.2f} s",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            results.append(result)
+    sizes = (args.total, args.message_size, args.seconds_max, args.consumer_delay)
+    cases = [Case(backend, args.transport, *sizes) for backend in backends]
+    tls_prefix = "bp-tls-" if args.transport == "tls" else None
+    results = _harness.run_backends(
+        cases,
+        run_case,
+        run.cpus,
+        tls_prefix,
+        lambda r: f"{r['bytes'] / 1e9:.2f} GB in {r['seconds']:.2f} s",
+    )
     print(format_table(results))
     print(
         "\nblocked: share of the producer's sending time spent waiting in send(); "
         "RSS growth (+) is peak minus start, in MB."
     )
     if args.json:
-        command = sys.argv[1:] if argv is None else argv
-        metadata = {
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "command": ["python", "-m", "benchmarks.backpressure", *command],
-            "python": sys.version,
-            "platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
-            "pinning": pinning,
-            "consumer_cpu": cpus[0],
-            "producer_cpu": cpus[1],
-            "load_average_before": load_before,
-            "load_average_after": _loadavg(),
-            "versions": versions,
-            "tls": None
-            if args.transport != "tls"
-            else {"version": TLS_VERSION, "openssl": ssl.OPENSSL_VERSION},
-            "options": {k: v for k, v in vars(args).items() if k != "json"},
-        }
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"metadata": metadata, "results": results}, fh, indent=2)
-            fh.write("\n")
+        metadata = run.metadata(args, tls=_harness.transport_tls(args, TLS_VERSION))
+        _harness.write_json(args.json, {"metadata": metadata, "results": results})
     return 1 if any("error" in r for r in results) else 0
 
 

@@ -20,7 +20,7 @@ lengths, then the frames. A workload is a frame size (``--sizes``), a number of
 concurrent connections in the client process (``--concurrency``), a number of
 frames per message (``--frames``) and TLS on or off (``--tls``). Each case runs
 in a fresh server process pinned to one CPU and a fresh client process pinned
-to another (helpers from :mod:`benchmarks.echo`). A system whose package is
+to another (see :mod:`benchmarks._harness`). A system whose package is
 missing is skipped with a note.
 
 Run from the repository root::
@@ -34,37 +34,30 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import importlib.util
-import json
 import multiprocessing
 import os
-import platform
 import ssl
 import sys
-import tempfile
 import threading
 import time
-from dataclasses import asdict, dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.echo import (
+from benchmarks import _harness
+from benchmarks._harness import (
+    ROUND_TRIP_HEAD,
     STARTUP_TIMEOUT,
+    Timing,
     TLSFiles,
-    _choose_cpus,
-    _fmt_size,
-    _loadavg,
-    _pin,
-    _receive,
-    _reporting_to,
-    _stop,
     client_context,
-    make_certificates,
+    csv_list,
+    format_size,
+    round_trip_columns,
+    run_backend,
     server_context,
 )
 from benchmarks.systems import SYSTEMS
-from benchmarks.systems.framing import run_backend
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -97,7 +90,9 @@ class Case:
     def workload(self) -> str:
         """Size, frames, concurrency and TLS mode, as text."""
         frames = f"{self.frames}x" if self.frames > 1 else ""
-        return f"{frames}{_fmt_size(self.size)} c{self.concurrency} {'tls' if self.tls else 'tcp'}"
+        return (
+            f"{frames}{format_size(self.size)} c{self.concurrency} {'tls' if self.tls else 'tcp'}"
+        )
 
 
 @dataclass
@@ -133,23 +128,16 @@ def _control(conn: Connection, counter: Counter, address: str, lifetime: float) 
     os._exit(0)  # the server's loop never returns on its own
 
 
-def server_main(
-    conn: Connection, case: Case, tls: TLSFiles | None, cpu: int | None, lifetime: float
-) -> None:
+def server_main(conn: Connection, case: Case, tls: TLSFiles | None, lifetime: float) -> None:
     """Entry point of the server process: the system's server plus a control thread."""
-    with _reporting_to(conn):
-        _pin(cpu)
-        ssl_context = None
-        if case.tls is not None:
-            assert tls is not None
-            ssl_context = server_context(tls, case.tls)
-        counter = Counter()
+    ssl_context = server_context(tls, case.tls)
+    counter = Counter()
 
-        def ready(address: str) -> None:
-            args = (conn, counter, address, lifetime)
-            threading.Thread(target=_control, args=args, daemon=True).start()
+    def ready(address: str) -> None:
+        args = (conn, counter, address, lifetime)
+        threading.Thread(target=_control, args=args, daemon=True).start()
 
-        SYSTEMS[case.system].module(case.backend).run_server(case, ssl_context, counter, ready)
+    SYSTEMS[case.system].module(case.backend).run_server(case, ssl_context, counter, ready)
 
 
 # -- client process -----------------------------------------------------------
@@ -266,50 +254,21 @@ def client_main(
     case: Case,
     tls: TLSFiles | None,
     address: str,
-    cpu: int | None,
-    seconds: float,
-    warmup: float,
-    max_count: int,
-) -> None:
-    """Entry point of the client process: run the load, send back the measurements."""
-    with _reporting_to(conn):
-        _pin(cpu)
-        ssl_context = None
-        if case.tls is not None:
-            assert tls is not None
-            ssl_context = client_context(tls, case.tls)
-        window = _Window(start=warmup, end=seconds, max_count=max_count)  # made absolute later
-        if SYSTEMS[case.system].blocking:
-            cpu0, cpu1 = _blocking_load(conn, case, address, ssl_context, window)
-        else:
-            cpu0, cpu1 = run_backend(
-                case.backend, _async_load, conn, case, address, ssl_context, window
-            )
-        count = len(window.latencies)
-        if not count:
-            raise RuntimeError("no round trip completed inside the measurement window")
-        rps = count / (window.end - window.start)
-        ordered = sorted(window.latencies)
-
-        def percentile_ms(q: float) -> float:
-            return ordered[round(q * (count - 1))] * 1e3
-
-        conn.send(
-            (
-                "result",
-                {
-                    "round_trips": count,
-                    "window_s": window.end - window.start,
-                    "rps": rps,
-                    "us_per_rt": 1e6 / rps,
-                    "mb_per_s": rps * case.size * case.frames / 1e6,
-                    "p50_ms": percentile_ms(0.50),
-                    "p99_ms": percentile_ms(0.99),
-                    "max_ms": percentile_ms(1),
-                    "client_cpu_us_per_rt": (cpu1 - cpu0) / count * 1e6,
-                },
-            )
+    timing: Timing,
+) -> dict[str, Any]:
+    """Entry point of the client process: run the load, return the measurements."""
+    ssl_context = client_context(tls, case.tls)
+    # made absolute when the connections are open
+    window = _Window(start=timing.warmup, end=timing.seconds, max_count=timing.max_count)
+    if SYSTEMS[case.system].blocking:
+        cpu0, cpu1 = _blocking_load(conn, case, address, ssl_context, window)
+    else:
+        cpu0, cpu1 = run_backend(
+            case.backend, _async_load, conn, case, address, ssl_context, window
         )
+    return _harness.round_trip_results(
+        window.latencies, window.end - window.start, case.size * case.frames, cpu1 - cpu0
+    )
 
 
 # -- orchestration ------------------------------------------------------------
@@ -323,55 +282,9 @@ def run_case(
     tls: TLSFiles | None,
 ) -> dict[str, Any]:
     """Run one case in a fresh server process and a fresh client process."""
-    budget = STARTUP_TIMEOUT + args.warmup + args.seconds + STRETCH + STARTUP_TIMEOUT
-    server_conn, server_child = ctx.Pipe()
-    client_conn, client_child = ctx.Pipe()
-    server = ctx.Process(
-        target=server_main,
-        name=f"{case.system}-server",
-        daemon=True,
-        args=(server_child, case, tls, cpus[0], budget + 10),
-    )
-    client = None
-    try:
-        server.start()
-        server_child.close()
-        _, address = _receive(server_conn, server, time.monotonic() + STARTUP_TIMEOUT)
-        client = ctx.Process(
-            target=client_main,
-            name=f"{case.system}-client",
-            daemon=True,
-            args=(
-                client_child,
-                case,
-                tls,
-                address,
-                cpus[1],
-                args.seconds,
-                args.warmup,
-                args.max_count,
-            ),
-        )
-        client.start()
-        client_child.close()
-        deadline = time.monotonic() + budget
-        while (message := _receive(client_conn, client, deadline)) == "mark":
-            server_conn.send("mark")  # the client's window starts or ends now
-        kind, result = message
-        if kind != "result":
-            raise RuntimeError(f"unexpected message from the client: {message!r}")
-        server_conn.send("stop")
-        _, marks = _receive(server_conn, server, time.monotonic() + 10)
-    finally:
-        for conn in (server_conn, server_child, client_conn, client_child):
-            conn.close()
-        for proc in (client, server):
-            _stop(proc)
-    result["server_cpu_us_per_rt"] = None
-    if len(marks) >= 2 and marks[1][1] > marks[0][1]:
-        (cpu0, n0), (cpu1, n1) = marks[:2]
-        result["server_cpu_us_per_rt"] = (cpu1 - cpu0) / (n1 - n0) * 1e6
-    return {**asdict(case), **result}
+    timing = Timing(args.seconds, args.warmup, args.max_count, STRETCH)
+    entry_points = (server_main, client_main)
+    return _harness.run_round_trips(ctx, case.system, cpus, entry_points, case, tls, timing)
 
 
 class Progress:
@@ -414,26 +327,19 @@ def run_matrix(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every case ``args.repeat`` times, interleaved; return (best per case, all runs)."""
     ctx = multiprocessing.get_context("spawn")
-    runs: list[dict[str, Any]] = []
-    best: dict[Case, dict[str, Any]] = {}
     progress = Progress(len(cases) * args.repeat)
-    for repeat in range(args.repeat):
-        for case in cases:
-            try:
-                result = run_case(ctx, case, cpus, args, tls)
-            except Exception as exc:
-                lines = [line.strip(" |+-") for line in str(exc).splitlines()]
-                summary = next((line for line in reversed(lines) if line), repr(exc))
-                result = {**asdict(case), "error": summary, "details": str(exc)}
-                progress.note(f"{case.workload} {case.label} FAILED: {exc}")
-                progress.update(f"{case.workload} {case.label}: failed")
-            else:
-                progress.update(f"{case.workload} {case.label}: {result['rps']:,.0f} rt/s")
-            runs.append({"repeat": repeat, **result})
-            previous = best.get(case)
-            if previous is None or "error" in previous or result.get("rps", 0) > previous["rps"]:
-                best[case] = result
-    return [best[case] for case in cases], runs
+
+    def report(case: Case, result: dict[str, Any]) -> None:
+        if "error" in result:
+            progress.note(f"{case.workload} {case.label} FAILED: {result['details']}")
+            progress.update(f"{case.workload} {case.label}: failed")
+        else:
+            progress.update(f"{case.workload} {case.label}: {result['rps']:,.0f} rt/s")
+
+    def run(case: Case) -> dict[str, Any]:
+        return run_case(ctx, case, cpus, args, tls)
+
+    return _harness.run_matrix(cases, args.repeat, run, report)
 
 
 def build_cases(args: argparse.Namespace) -> list[Case]:
@@ -461,21 +367,9 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
 
 
 def _versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {}
-    for dist in (
-        "anyio-comm",
-        "anyio",
-        "trio",
-        "uvloop",
-        "msgpack",
-        "distributed",
-        "tornado",
-        "pyzmq",
-    ):
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            versions[dist] = None
+    versions = _harness.versions(
+        "anyio-comm", "anyio", "trio", "uvloop", "msgpack", "distributed", "tornado", "pyzmq"
+    )
     with contextlib.suppress(ImportError):
         import zmq
 
@@ -486,37 +380,19 @@ def _versions() -> dict[str, str | None]:
 
 def format_table(results: list[dict[str, Any]]) -> str:
     """One line per case."""
-    head = (
-        f"{'workload':<18}{'system/backend':<27}{'rt/s':>10}{'us/rt':>10}{'MB/s':>9}"
-        f"{'p50 ms':>9}{'p99 ms':>9}{'max ms':>9}{'cli us/rt':>11}{'srv us/rt':>11}"
-    )
+    head = f"{'workload':<18}{'system/backend':<27}{ROUND_TRIP_HEAD}"
     lines = [head, "-" * len(head)]
     for r in results:
         case = Case(r["system"], r["backend"], r["size"], r["concurrency"], r["frames"], r["tls"])
         row = f"{case.workload:<18}{case.label:<27}"
         if "error" in r:
             lines.append(f"{row}FAILED: {r['error']}")
-            continue
-        srv = r["server_cpu_us_per_rt"]
-        lines.append(
-            f"{row}{r['rps']:>10,.0f}{r['us_per_rt']:>10.1f}{r['mb_per_s']:>9.1f}"
-            f"{r['p50_ms']:>9.3f}{r['p99_ms']:>9.3f}{r['max_ms']:>9.3f}"
-            f"{r['client_cpu_us_per_rt']:>11.1f}{'-' if srv is None else f'{srv:.1f}':>11}"
-        )
+        else:
+            lines.append(row + round_trip_columns(r))
     return "\n".join(lines)
 
 
 # -- command line -------------------------------------------------------------
-
-
-def _csv(choices: tuple[str, ...] | None, convert: Any = str) -> Any:
-    def parse(text: str) -> list[Any]:
-        items = [convert(item.strip()) for item in text.split(",") if item.strip()]
-        if not items or (choices is not None and not set(items) <= set(choices)):
-            raise argparse.ArgumentTypeError(f"expected a comma-separated subset of {choices}")
-        return items
-
-    return parse
 
 
 def _size(text: str) -> int:
@@ -528,11 +404,7 @@ def _size(text: str) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line; fill in the defaults of the full or the --quick matrix."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.compare",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = _harness.argument_parser("compare", __doc__)
     add = parser.add_argument
     add(
         "--quick",
@@ -540,24 +412,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="short matrix: sizes 1e3,1e6, c=1,4, 1 frame, TLS only for 1e3 c=4 and 1e6 c=1, "
         "0.5 s per case",
     )
-    add("--sizes", type=_csv(None, _size), help="frame sizes in bytes (default: 1e3,...,1e7)")
-    add("--concurrency", type=_csv(None, int), help="connections per client (default: 1,4)")
-    add("--frames", type=_csv(None, int), help="frames per message (default: 1,5)")
+    add("--sizes", type=csv_list(None, _size), help="frame sizes in bytes (default: 1e3,...,1e7)")
+    add("--concurrency", type=csv_list(None, int), help="connections per client (default: 1,4)")
+    add("--frames", type=csv_list(None, int), help="frames per message (default: 1,5)")
     add(
         "--tls-sizes",
-        type=_csv(None, _size),
+        type=csv_list(None, _size),
         help="frame sizes of the TLS workloads, among --sizes (default: 1e3,1e6,1e7)",
     )
     add(
         "--tls-frames",
-        type=_csv(None, int),
+        type=csv_list(None, int),
         default=[1],
         help="frames per message of the TLS workloads (default: 1)",
     )
-    add("--systems", type=_csv(tuple(SYSTEMS)), default=list(SYSTEMS), help="systems to run")
+    add("--systems", type=csv_list(tuple(SYSTEMS)), default=list(SYSTEMS), help="systems to run")
     add(
         "--backends",
-        type=_csv(("asyncio", "uvloop", "trio")),
+        type=csv_list(("asyncio", "uvloop", "trio")),
         default=["asyncio", "uvloop", "trio"],
         help="async backends (the blocking floor always runs on threads)",
     )
@@ -566,8 +438,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--warmup", type=float, help="warm-up seconds per case (default 0.3, --quick 0.2)")
     add("--max-count", type=int, default=1_000_000, help="most round trips measured per case")
     add("--repeat", type=int, help="repeats of the whole matrix, best kept (default 2, quick 1)")
-    add("--no-pin", action="store_true", help="do not pin server and client to CPUs")
-    add("--json", metavar="PATH", help="write all runs, the best per case and metadata")
+    _harness.add_output_options(parser, json_help="write all runs, the best per case and metadata")
     add("--markdown", metavar="PATH", help="write the markdown report (render_compare)")
     add("--plot", metavar="PATH", help="write the PNG plot (needs matplotlib)")
     args = parser.parse_args(argv)
@@ -592,71 +463,38 @@ def main(argv: list[str] | None = None) -> int:
         if missing := SYSTEMS[name].missing():
             print(f"note: skipping {name}: {', '.join(missing)} not installed", file=sys.stderr)
             args.systems.remove(name)
-    for name in ("uvloop", "trio"):
-        if name in args.backends and importlib.util.find_spec(name) is None:
-            print(f"note: {name} is not installed; skipping that backend", file=sys.stderr)
-            args.backends.remove(name)
+    _harness.drop_missing_backends(args.backends)
     if args.tls != "off" and importlib.util.find_spec("trustme") is None:
         print("note: trustme is not installed; skipping the TLS cases", file=sys.stderr)
         args.tls_modes = [None]
-    cpus, pinning = _choose_cpus(args.no_pin)
-    versions = _versions()
     cases = build_cases(args)
-    load_before = _loadavg()
-    print(
-        f"anyio-comm comparison: Python {platform.python_version()}, {platform.system()} "
-        f"{platform.machine()}, {os.cpu_count()} CPUs; "
-        + ", ".join(f"{k} {v}" for k, v in versions.items() if v)
-    )
-    print(f"pinning: {pinning}; load average before: {load_before}")
+    run = _harness.start_run("compare", "comparison", argv, args.no_pin, versions=_versions())
     print(
         f"{len(cases)} cases x {args.repeat} repeats (interleaved, best rt/s kept), "
         f"{args.seconds:g} s per case after {args.warmup:g} s warm-up",
         flush=True,
     )
-    with contextlib.ExitStack() as stack:
-        tls_files = None
-        if any(case.tls for case in cases):
-            directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="compare-tls-"))
-            tls_files = make_certificates(directory)
-        results, runs = run_matrix(cases, cpus, args, tls_files)
+    with _harness.certificates("compare-tls-" if any(c.tls for c in cases) else None) as tls_files:
+        results, runs = run_matrix(cases, run.cpus, args, tls_files)
     print()
     print(format_table(results))
-    command = sys.argv[1:] if argv is None else argv
-    data = {
-        "metadata": {
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "command": ["python", "-m", "benchmarks.compare", *command],
-            "python": sys.version,
-            "platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
-            "pinning": pinning,
-            "server_cpu": cpus[0],
-            "client_cpu": cpus[1],
-            "load_average_before": load_before,
-            "load_average_after": _loadavg(),
-            "versions": versions,
-            "tls": {
-                "version": TLS_VERSION,
-                "openssl": ssl.OPENSSL_VERSION,
-                "certificates": "trustme CA, server certificate for 127.0.0.1 and localhost",
-            },
-            "systems": {name: SYSTEMS[name].description for name in args.systems},
-            "options": {
-                k: v for k, v in vars(args).items() if k not in ("json", "markdown", "plot")
-            },
+    metadata = run.metadata(
+        args,
+        outputs=("json", "markdown", "plot"),
+        tls={
+            "version": TLS_VERSION,
+            "openssl": ssl.OPENSSL_VERSION,
+            "certificates": "trustme CA, server certificate for 127.0.0.1 and localhost",
         },
-        "results": results,
-        "runs": runs,
-    }
+        systems={name: SYSTEMS[name].description for name in args.systems},
+    )
+    data = {"metadata": metadata, "results": results, "runs": runs}
     from benchmarks import render_compare
 
     print()
     print(render_compare.summary(data))
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2)
-            fh.write("\n")
+        _harness.write_json(args.json, data)
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as fh:
             fh.write(render_compare.render(data))

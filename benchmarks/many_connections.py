@@ -28,23 +28,15 @@ Run from the repository root::
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import importlib.util
-import json
-import multiprocessing
-import os
-import platform
 import resource
 import shutil
-import ssl
 import struct
 import sys
 import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -52,25 +44,21 @@ import anyio.to_thread
 
 import anyio_comm
 
-from .backpressure import MemoryWatch, read_memory
-from .echo import (
-    BACKENDS,
+from . import _harness
+from ._harness import (
     STARTUP_TIMEOUT,
+    ProcessPair,
     TLSFiles,
-    _choose_cpus,
-    _loadavg,
-    _pin,
-    _receive,
-    _reporting_to,
-    _run,
-    _stop,
-    _versions,
     client_context,
-    make_certificates,
+    positive_int,
+    run_backend,
     server_context,
 )
+from .backpressure import MemoryWatch, read_memory
 
 if TYPE_CHECKING:
+    import argparse
+    import ssl
     from multiprocessing.connection import Connection
 
 TRANSPORTS = ("tcp", "unix", "tls")
@@ -156,19 +144,17 @@ async def _server(
 
 
 def server_main(
-    conn: Connection, case: Case, tls: TLSFiles | None, unix_dir: str | None, cpu: int | None
-) -> None:
+    conn: Connection, case: Case, tls: TLSFiles | None, unix_dir: str | None
+) -> dict[str, Any]:
     """Entry point of the server process."""
-    with _reporting_to(conn):
-        _pin(cpu)
-        raise_fd_limit(case.connections + FD_MARGIN)
-        ssl_context = server_context(tls, TLS_VERSION) if tls is not None else None
-        if case.transport == "unix":
-            assert unix_dir is not None
-            address = f"unix://{unix_dir}/many.sock"
-        else:
-            address = f"{case.transport}://127.0.0.1:0"
-        conn.send(("result", _run(case.backend, _server, conn, case, address, ssl_context)))
+    raise_fd_limit(case.connections + FD_MARGIN)
+    ssl_context = server_context(tls, TLS_VERSION)
+    if case.transport == "unix":
+        assert unix_dir is not None
+        address = f"unix://{unix_dir}/many.sock"
+    else:
+        address = f"{case.transport}://127.0.0.1:0"
+    return run_backend(case.backend, _server, conn, case, address, ssl_context)
 
 
 # -- client -------------------------------------------------------------------
@@ -244,14 +230,15 @@ async def _client(case: Case, address: str, ssl_context: ssl.SSLContext | None) 
 
 
 def client_main(
-    conn: Connection, case: Case, tls: TLSFiles | None, address: str, cpu: int | None
-) -> None:
+    conn: Connection,  # noqa: ARG001 (the client reports only its result)
+    case: Case,
+    tls: TLSFiles | None,
+    address: str,
+) -> dict[str, Any]:
     """Entry point of the client process."""
-    with _reporting_to(conn):
-        _pin(cpu)
-        raise_fd_limit(case.connections + FD_MARGIN)
-        ssl_context = client_context(tls, TLS_VERSION) if tls is not None else None
-        conn.send(("result", _run(case.backend, _client, case, address, ssl_context)))
+    raise_fd_limit(case.connections + FD_MARGIN)
+    ssl_context = client_context(tls, TLS_VERSION)
+    return run_backend(case.backend, _client, case, address, ssl_context)
 
 
 # -- orchestration ------------------------------------------------------------
@@ -261,37 +248,15 @@ def run_case(
     ctx: Any, case: Case, cpus: tuple[int | None, int | None], tls: TLSFiles | None
 ) -> dict[str, Any]:
     """Run one backend in a fresh server and client process; return the measurements."""
-    server_conn, server_child = ctx.Pipe()
-    client_conn, client_child = ctx.Pipe()
     unix_dir = tempfile.mkdtemp(prefix="acomm-many-") if case.transport == "unix" else None
-    server = ctx.Process(
-        target=server_main,
-        name="many-server",
-        daemon=True,
-        args=(server_child, case, tls, unix_dir, cpus[0]),
-    )
-    client = None
     try:
-        server.start()
-        server_child.close()
-        _, address = _receive(server_conn, server, time.monotonic() + STARTUP_TIMEOUT)
-        client = ctx.Process(
-            target=client_main,
-            name="many-client",
-            daemon=True,
-            args=(client_child, case, tls, address, cpus[1]),
-        )
-        client.start()
-        client_child.close()
-        deadline = time.monotonic() + STARTUP_TIMEOUT + case.seconds_max
-        _, result = _receive(client_conn, client, deadline)
-        server_conn.send("stop")
-        _, served = _receive(server_conn, server, time.monotonic() + STARTUP_TIMEOUT)
+        with ProcessPair(ctx, "many", cpus) as pair:
+            server, address = pair.start_server(server_main, case, tls, unix_dir)
+            client = pair.start_client(client_main, case, tls, address)
+            _, result = client.receive(time.monotonic() + STARTUP_TIMEOUT + case.seconds_max)
+            server.send("stop")
+            _, served = server.receive(time.monotonic() + STARTUP_TIMEOUT)
     finally:
-        for conn in (server_conn, server_child, client_conn, client_child):
-            conn.close()
-        for proc in (client, server):
-            _stop(proc)
         if unix_dir is not None:
             shutil.rmtree(unix_dir, ignore_errors=True)
     growth = served["rss_growth"]
@@ -309,61 +274,40 @@ def _num(value: float | None, spec: str) -> str:
 def format_table(results: list[dict[str, Any]]) -> str:
     """One row per backend."""
     head = (
-        f"{'backend':<9}{'transport':<10}{'conns':>6}{'open s':>8}{'rt/s':>9}{'p50 ms':>8}"
+        f"{'conns':>6}{'open s':>8}{'rt/s':>9}{'p50 ms':>8}"
         f"{'p99 ms':>8}{'max ms':>8}{'cli us/rt':>10}{'errors':>7}{'srv max':>8}"
         f"{'srv RSS MB start/peak':>23}{'KB/conn':>9}"
     )
-    lines = [head, "-" * len(head)]
-    for r in results:
-        row = f"{r['backend']:<9}{r['transport']:<10}"
-        if "error" in r:
-            lines.append(f"{row}FAILED: {r['error']}")
-            continue
+
+    def figures(r: dict[str, Any]) -> list[str]:
         s = r["server"]
         rss = f"{_num(s['rss_start'] and s['rss_start'] / 1e6, '.1f')}/" + _num(
             s["rss_peak"] and s["rss_peak"] / 1e6, ".1f"
         )
         per_conn = r["server_bytes_per_conn"]
-        lines.append(
-            f"{row}{r['opened']:>6}{r['connect_seconds']:>8.2f}{_num(r['rps'], ',.0f'):>9}"
+        row = (
+            f"{r['opened']:>6}{r['connect_seconds']:>8.2f}{_num(r['rps'], ',.0f'):>9}"
             f"{_num(r['p50_ms'], '.2f'):>8}{_num(r['p99_ms'], '.2f'):>8}"
             f"{_num(r['max_ms'], '.2f'):>8}{_num(r['client_cpu_us_per_rt'], '.1f'):>10}"
             f"{r['errors']:>7}{s['most_active']:>8}{rss:>23}"
             f"{_num(per_conn and per_conn / 1e3, '.1f'):>9}"
         )
-        for kind, count in r["error_kinds"].items():
-            lines.append(f"    {count} x {kind}")
-    return "\n".join(lines)
+        return [row, *(f"    {count} x {kind}" for kind, count in r["error_kinds"].items())]
 
-
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+    return _harness.backend_table(head, results, figures)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
-    parser = argparse.ArgumentParser(
-        prog="python -m benchmarks.many_connections",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    parser = _harness.argument_parser("many_connections", __doc__)
     add = parser.add_argument
-    add("--connections", type=_positive_int, default=1000, help="default: 1000")
-    add("--round-trips", type=_positive_int, default=20, help="per connection (default: 20)")
-    add("--size", type=_positive_int, default=1000, help="payload bytes (default: 1000)")
-    add(
-        "--backend",
-        choices=(*BACKENDS, "all"),
-        default="all",
-        help="asyncio, uvloop, trio or all (default: all)",
-    )
-    add("--transport", choices=TRANSPORTS, default="tcp", help="default: tcp")
+    add("--connections", type=positive_int, default=1000, help="default: 1000")
+    add("--round-trips", type=positive_int, default=20, help="per connection (default: 20)")
+    add("--size", type=positive_int, default=1000, help="payload bytes (default: 1000)")
+    _harness.add_backend_options(parser, TRANSPORTS)
     add(
         "--connect-concurrency",
-        type=_positive_int,
+        type=positive_int,
         default=100,
         help="connect calls in flight at once, at most 1000 (default: 100)",
     )
@@ -373,8 +317,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=120.0,
         help="bound on each backend's client run (default: 120)",
     )
-    add("--no-pin", action="store_true", help="do not pin server and client to CPUs")
-    add("--json", metavar="PATH", help="also write the results and metadata as JSON")
+    _harness.add_output_options(parser)
     args = parser.parse_args(argv)
     if args.connect_concurrency > 1000:
         parser.error("--connect-concurrency must stay under the listen backlog (1024)")
@@ -386,23 +329,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run each backend and print the results; return the exit status."""
     args = parse_args(argv)
-    backends = list(BACKENDS) if args.backend == "all" else [args.backend]
-    for name in ("uvloop", "trio"):
-        if name in backends and importlib.util.find_spec(name) is None:
-            print(f"note: {name} is not installed; skipping that backend", file=sys.stderr)
-            backends.remove(name)
-    if args.transport == "tls" and importlib.util.find_spec("trustme") is None:
-        print("error: --transport tls needs the trustme package", file=sys.stderr)
+    if (backends := _harness.backends_for(args)) is None:
         return 2
-    cpus, pinning = _choose_cpus(args.no_pin)
-    versions = _versions()
-    print(
-        f"anyio-comm many-connections benchmark: Python {platform.python_version()}, "
-        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs; "
-        + ", ".join(f"{k} {v}" for k, v in versions.items() if v)
-    )
-    load_before = _loadavg()
-    print(f"pinning: {pinning}; load average before: {load_before}")
+    title = "many-connections benchmark"
+    run = _harness.start_run("many_connections", title, argv, args.no_pin)
     print(
         f"{args.transport}: {args.connections} connections open at once "
         f"({args.connect_concurrency} connecting at a time), then {args.round_trips} round "
@@ -410,38 +340,16 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     print(flush=True)
-    ctx = multiprocessing.get_context("spawn")
-    results: list[dict[str, Any]] = []
-    with contextlib.ExitStack() as stack:
-        tls_files = None
-        if args.transport == "tls":
-            directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="many-tls-"))
-            tls_files = make_certificates(directory)
-        for backend in backends:
-            case = Case(
-                backend,
-                args.transport,
-                args.connections,
-                args.round_trips,
-                args.size,
-                args.connect_concurrency,
-                args.seconds_max,
-            )
-            try:
-                result = run_case(ctx, case, cpus, tls_files)
-            except Exception as exc:
-                lines = [line.strip(" |+-") for line in str(exc).splitlines()]
-                summary = next((line for line in reversed(lines) if line), repr(exc))
-                result = {**asdict(case), "error": summary, "details": str(exc)}
-                print(f"{backend}: FAILED", exc, sep="\n", file=sys.stderr, flush=True)
-            else:
-                print(
-                    f"{backend}: {result['opened']} open in {result['connect_seconds']:.2f} s, "
-                    f"{result['errors']} errors",
-                    file=sys.stderr,
-                    flush=True,
-                )
-            results.append(result)
+    load = (args.connections, args.round_trips, args.size, args.connect_concurrency)
+    cases = [Case(backend, args.transport, *load, args.seconds_max) for backend in backends]
+    tls_prefix = "many-tls-" if args.transport == "tls" else None
+    results = _harness.run_backends(
+        cases,
+        run_case,
+        run.cpus,
+        tls_prefix,
+        lambda r: f"{r['opened']} open in {r['connect_seconds']:.2f} s, {r['errors']} errors",
+    )
     print(format_table(results))
     print(
         "\nopen s: time to open every connection; rt/s: round trips per second, all "
@@ -450,27 +358,8 @@ def main(argv: list[str] | None = None) -> int:
         "per connection."
     )
     if args.json:
-        command = sys.argv[1:] if argv is None else argv
-        metadata = {
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "command": ["python", "-m", "benchmarks.many_connections", *command],
-            "python": sys.version,
-            "platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
-            "pinning": pinning,
-            "server_cpu": cpus[0],
-            "client_cpu": cpus[1],
-            "load_average_before": load_before,
-            "load_average_after": _loadavg(),
-            "versions": versions,
-            "tls": None
-            if args.transport != "tls"
-            else {"version": TLS_VERSION, "openssl": ssl.OPENSSL_VERSION},
-            "options": {k: v for k, v in vars(args).items() if k != "json"},
-        }
-        with open(args.json, "w", encoding="utf-8") as fh:
-            json.dump({"metadata": metadata, "results": results}, fh, indent=2)
-            fh.write("\n")
+        metadata = run.metadata(args, tls=_harness.transport_tls(args, TLS_VERSION))
+        _harness.write_json(args.json, {"metadata": metadata, "results": results})
     failed = any("error" in r or r["errors"] or r["opened"] < r["connections"] for r in results)
     return 1 if failed else 0
 

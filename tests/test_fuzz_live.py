@@ -47,6 +47,7 @@ from anyio_comm._sansio.wire import Handshake, encode_header, encode_preamble
 
 from .certs import client_context, server_context
 from .conftest import HAVE_UNIX
+from .decoding import normalize, receive_into
 from .helpers import open_fds, running_tasks, temp_unix_address
 
 if TYPE_CHECKING:
@@ -80,14 +81,14 @@ async def wait_until(condition: Callable[[], bool], what: str, seed: int) -> Non
     pytest.fail(f"{what} (seed {seed})")
 
 
-def normalize(value: Any) -> Any:
-    if isinstance(value, memoryview):
-        return bytes(value)
-    if isinstance(value, (list, tuple)):
-        return [normalize(v) for v in value]
-    if isinstance(value, dict):
-        return {k: normalize(v) for k, v in value.items()}
-    return value
+async def discard_until_closed(stream: ByteStream) -> None:
+    """Read and drop what the listener sends until it closes the connection."""
+    with anyio.fail_after(BOUND):
+        try:
+            while await stream.receive():
+                pass
+        except (EndOfStream, BrokenResourceError):
+            pass
 
 
 # -- building traffic ----------------------------------------------------------
@@ -220,7 +221,7 @@ def predict(payload: bytes, *, eof: bool) -> Prediction:
     serializer = Serializer()
     handshake: Handshake | None = None
     echoes: list[Any] = []
-    pos = 0
+    rest = memoryview(payload)
     for _ in range(len(payload) + len(payload) // 4 + 4):
         try:
             if handshake is None:
@@ -245,16 +246,12 @@ def predict(payload: bytes, *, eof: bool) -> Prediction:
             return Prediction(echoes, False, None, graceful=True)
         if progress:
             continue
-        if pos == len(payload):
+        if not rest:
             if not eof:
                 return Prediction(echoes, False, None)
             decoder.receive_eof()
             continue
-        buffer = decoder.get_buffer()
-        n = min(buffer.nbytes, len(payload) - pos)
-        buffer[:n] = payload[pos : pos + n]
-        decoder.buffer_updated(n)
-        pos += n
+        rest = receive_into(decoder, rest)
     raise AssertionError("the decoder made no progress")
 
 
@@ -274,11 +271,7 @@ def parse_reply(reply: bytes) -> tuple[Handshake | None, list[Any]]:
             continue
         if not rest:
             return handshake, messages
-        buffer = decoder.get_buffer()
-        n = min(buffer.nbytes, rest.nbytes)
-        buffer[:n] = rest[:n]
-        decoder.buffer_updated(n)
-        rest = rest[n:]
+        rest = receive_into(decoder, rest)
 
 
 # -- the listener side ---------------------------------------------------------
@@ -383,12 +376,7 @@ async def warm_up() -> None:
         stream = await tcp_connect(listener.address)
         async with stream:
             await stream.send(b"not the protocol")
-            with anyio.fail_after(BOUND):
-                try:
-                    while await stream.receive():
-                        pass
-                except (EndOfStream, BrokenResourceError):
-                    pass
+            await discard_until_closed(stream)
 
 
 async def fuzz_listener(
@@ -516,12 +504,7 @@ async def test_plaintext_to_a_tls_listener(caplog: pytest.LogCaptureFixture) -> 
                 async with stream:
                     await stream.send(payload)
                     await stream.send_eof()
-                    with anyio.fail_after(BOUND):
-                        try:
-                            while await stream.receive():
-                                pass
-                        except (EndOfStream, BrokenResourceError):
-                            pass
+                    await discard_until_closed(stream)
             await check_serving(listener.address, rng, seed, ssl_context=client_context())
             await wait_until(lambda: listener.active_connections == 0, "connection leak", seed)
     assert open_fds() == fds_before
@@ -600,12 +583,7 @@ async def recording_listener_roundtrip(
             await stream.send(PREAMBLE + encode_message([b"\xa6before"]) + encode_message(frames))
             if allow_pickle:
                 await stream.send_eof()
-            with anyio.fail_after(BOUND):  # the listener closes the connection by itself
-                try:
-                    while await stream.receive():
-                        pass
-                except (EndOfStream, BrokenResourceError):
-                    pass
+            await discard_until_closed(stream)  # the listener closes the connection by itself
         with anyio.fail_after(BOUND):
             await done.wait()
         await check_serving(listener.address, random.Random(0), 0, allow_pickle=allow_pickle)

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 import anyio_comm
-from benchmarks.systems.framing import Checker, make_frames, run_backend
+from benchmarks._harness import run_backend
+from benchmarks.systems.framing import Checker, make_frames
 
 if TYPE_CHECKING:
     import contextlib
@@ -22,34 +23,41 @@ if TYPE_CHECKING:
 CONNECT_TIMEOUT = 30.0
 
 
-def run_server(case: Any, ssl_context: ssl.SSLContext | None, counter: Any, ready: Any) -> None:
-    """Echo every message back until the process ends."""
+async def connect(address: str, ssl_context: ssl.SSLContext | None) -> anyio_comm.Comm:
+    """A comm to ``address`` (a ``tls://`` one with ``ssl_context``)."""
+    if ssl_context is None:
+        return await anyio_comm.connect(address, timeout=CONNECT_TIMEOUT)
+    return await anyio_comm.connect(address, timeout=CONNECT_TIMEOUT, ssl_context=ssl_context)
+
+
+async def serve(counter: Any, ssl_context: ssl.SSLContext | None, ready: Any) -> None:
+    """Listen on a free port of 127.0.0.1 (``tls://`` with ``ssl_context``), report the address
+    to ``ready``, then echo every message back, adding one to ``counter.n`` for each."""
 
     async def echo(comm: anyio_comm.Comm) -> None:
         async for message in comm:
             await comm.send(message)
             counter.n += 1
 
-    async def main() -> None:
-        if ssl_context is None:
-            listening = anyio_comm.listen("tcp://127.0.0.1:0", echo)
-        else:
-            listening = anyio_comm.listen("tls://127.0.0.1:0", echo, ssl_context=ssl_context)
-        async with listening as listener:
-            ready(listener.address)
-            await anyio.sleep_forever()
+    if ssl_context is None:
+        listening = anyio_comm.listen("tcp://127.0.0.1:0", echo)
+    else:
+        listening = anyio_comm.listen("tls://127.0.0.1:0", echo, ssl_context=ssl_context)
+    async with listening as listener:
+        ready(listener.address)
+        await anyio.sleep_forever()
 
-    run_backend(case.backend, main)
+
+def run_server(case: Any, ssl_context: ssl.SSLContext | None, counter: Any, ready: Any) -> None:
+    """Echo every message back until the process ends."""
+    run_backend(case.backend, serve, counter, ssl_context, ready)
 
 
 async def open_client(
     stack: contextlib.AsyncExitStack, address: str, case: Any, ssl_context: ssl.SSLContext | None
 ) -> Callable[[], Awaitable[None]]:
     """One comm; round trips send ``{"data": frames}`` and receive the echo."""
-    if ssl_context is None:
-        comm = await anyio_comm.connect(address, timeout=CONNECT_TIMEOUT)
-    else:
-        comm = await anyio_comm.connect(address, timeout=CONNECT_TIMEOUT, ssl_context=ssl_context)
+    comm = await connect(address, ssl_context)
     stack.push_async_callback(comm.aclose)
     message = {"data": make_frames(case.size, case.frames)}
     checker = Checker(case.size, case.frames)

@@ -17,7 +17,7 @@ import contextlib
 import sys
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.systems.framing import Checker, FrameReader, make_frames, outgoing, pack_header
+from benchmarks.systems.framing import Checker, FrameReader, host_port, outgoing, request
 
 if TYPE_CHECKING:
     import ssl
@@ -141,12 +141,12 @@ async def open_client(
     stack: contextlib.AsyncExitStack, address: str, case: Any, ssl_context: ssl.SSLContext | None
 ) -> Callable[[], Awaitable[None]]:
     """One connection; runs on the asyncio loop of the calling (AnyIO asyncio) task."""
-    host, _, port = address.removeprefix("tcp://").rpartition(":")
+    host, port = host_port(address)
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.create_connection(
         _ClientProtocol,
         host,
-        int(port),
+        port,
         ssl=ssl_context,
         server_hostname=host if ssl_context is not None else None,
     )
@@ -157,8 +157,7 @@ async def open_client(
             await asyncio.wait_for(asyncio.shield(protocol.lost), 5)
 
     stack.push_async_callback(close)
-    frames = make_frames(case.size, case.frames)
-    buffers = outgoing(pack_header(frames), frames)
+    buffers, _ = request(case)
     checker = Checker(case.size, case.frames)
 
     async def roundtrip() -> None:

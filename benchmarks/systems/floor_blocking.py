@@ -17,14 +17,7 @@ import ssl
 import threading
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.systems.framing import (
-    Checker,
-    FrameReader,
-    advance,
-    make_frames,
-    outgoing,
-    pack_header,
-)
+from benchmarks.systems.framing import Checker, FrameReader, advance, host_port, outgoing, request
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -83,16 +76,14 @@ def open_blocking(
     stack: contextlib.ExitStack, address: str, case: Any, ssl_context: ssl.SSLContext | None
 ) -> Callable[[], None]:
     """One blocking connection; the returned function does one round trip."""
-    host, _, port = address.removeprefix("tcp://").rpartition(":")
-    sock = socket.create_connection((host, int(port)), timeout=30)
+    host, port = host_port(address)
+    sock = socket.create_connection((host, port), timeout=30)
     sock.settimeout(None)
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     if ssl_context is not None:
         sock = ssl_context.wrap_socket(sock, server_hostname=host)
     stack.callback(sock.close)
-    frames = make_frames(case.size, case.frames)
-    buffers = outgoing(pack_header(frames), frames)
-    total = sum(len(b) for b in buffers)
+    buffers, total = request(case)
     reader = FrameReader()
     checker = Checker(case.size, case.frames)
 

@@ -12,14 +12,7 @@ import contextlib
 import socket
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.systems.framing import (
-    Checker,
-    FrameReader,
-    advance,
-    make_frames,
-    outgoing,
-    pack_header,
-)
+from benchmarks.systems.framing import Checker, FrameReader, advance, host_port, outgoing, request
 
 if TYPE_CHECKING:
     import ssl
@@ -85,14 +78,11 @@ async def open_client(
     """One connection; runs under the trio loop of the calling (AnyIO trio) task."""
     import trio
 
-    host, _, port = address.removeprefix("tcp://").rpartition(":")
     sock = trio.socket.socket()
     stack.callback(sock.close)
-    await sock.connect((host, int(port)))
+    await sock.connect(host_port(address))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    frames = make_frames(case.size, case.frames)
-    buffers = outgoing(pack_header(frames), frames)
-    total = sum(len(b) for b in buffers)
+    buffers, total = request(case)
     reader = FrameReader()
     checker = Checker(case.size, case.frames)
 

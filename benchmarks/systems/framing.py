@@ -32,6 +32,12 @@ def make_frames(size: int, count: int) -> list[bytes]:
     return [payload] * count
 
 
+def host_port(address: str) -> tuple[str, int]:
+    """The host and port of a ``tcp://host:port`` address."""
+    host, _, port = address.removeprefix("tcp://").rpartition(":")
+    return host, int(port)
+
+
 class Checker:
     """Checks the frame sizes of every ``CHECK_EVERY``-th reply."""
 
@@ -148,10 +154,8 @@ def outgoing(header: bytes, frames: list[Any]) -> list[Any]:
     return [header, *frames]
 
 
-def run_backend(backend: str, func: Any, *args: Any) -> Any:
-    """``anyio.run(func, *args)`` on ``asyncio``, ``uvloop`` (asyncio + uvloop) or ``trio``."""
-    import anyio
-
-    if backend == "uvloop":
-        return anyio.run(func, *args, backend="asyncio", backend_options={"use_uvloop": True})
-    return anyio.run(func, *args, backend=backend)
+def request(case: Any) -> tuple[list[Any], int]:
+    """The buffers a client sends for each round trip of ``case``, and their total size."""
+    frames = make_frames(case.size, case.frames)
+    buffers = outgoing(pack_header(frames), frames)
+    return buffers, sum(len(b) for b in buffers)

@@ -18,7 +18,8 @@ from anyio.abc import SocketAttribute
 from anyio.streams.buffered import BufferedByteReceiveStream
 from anyio.streams.tls import TLSListener
 
-from benchmarks.systems.framing import Checker, make_frames, outgoing, pack_header, run_backend
+from benchmarks._harness import run_backend
+from benchmarks.systems.framing import Checker, host_port, outgoing, request
 
 if TYPE_CHECKING:
     import ssl
@@ -26,7 +27,44 @@ if TYPE_CHECKING:
 
     from anyio.abc import ByteStream
 
+    Echo = Callable[[BufferedByteReceiveStream, ByteStream], Awaitable[None]]
+
 CONNECT_TIMEOUT = 30.0
+#: what ends a connection: the peer closed it, cut a message short or reset it
+GONE = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError)
+
+
+async def connect(address: str, ssl_context: ssl.SSLContext | None) -> ByteStream:
+    """A TCP stream to ``tcp://host:port``; AnyIO's ``TLSStream`` over it with ``ssl_context``."""
+    host, port = host_port(address)
+    with anyio.fail_after(CONNECT_TIMEOUT):
+        if ssl_context is None:
+            return await anyio.connect_tcp(host, port)
+        return await anyio.connect_tcp(
+            host, port, ssl_context=ssl_context, tls_standard_compatible=False
+        )
+
+
+async def serve(
+    echo: Echo, ssl_context: ssl.SSLContext | None, ready: Callable[[str], object]
+) -> None:
+    """Listen on a free port of 127.0.0.1, report ``tcp://host:port`` to ``ready``, then run
+    ``echo(reader, stream)`` on each connection until the peer goes away.
+
+    With ``ssl_context`` the listener is wrapped in :class:`anyio.streams.tls.TLSListener`.
+    """
+
+    async def handle(stream: ByteStream) -> None:
+        async with stream:
+            with contextlib.suppress(*GONE):
+                await echo(BufferedByteReceiveStream(stream), stream)
+
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
+        ready(f"tcp://127.0.0.1:{listener.extra(SocketAttribute.local_port)}")
+        if ssl_context is None:
+            await listener.serve(handle)
+        else:
+            await TLSListener(listener, ssl_context, standard_compatible=False).serve(handle)
 
 
 async def _read(reader: BufferedByteReceiveStream) -> tuple[bytes, list[bytes]]:
@@ -41,46 +79,24 @@ async def _read(reader: BufferedByteReceiveStream) -> tuple[bytes, list[bytes]]:
 def run_server(case: Any, ssl_context: ssl.SSLContext | None, counter: Any, ready: Any) -> None:
     """Echo every message back until the process ends."""
 
-    async def echo(stream: ByteStream) -> None:
-        reader = BufferedByteReceiveStream(stream)
-        errors = (anyio.EndOfStream, anyio.IncompleteRead, anyio.BrokenResourceError, OSError)
-        async with stream:
-            with contextlib.suppress(*errors):
-                while True:
-                    header, frames = await _read(reader)
-                    for buf in outgoing(header, frames):
-                        await stream.send(buf)
-                    counter.n += 1
+    async def echo(reader: BufferedByteReceiveStream, stream: ByteStream) -> None:
+        while True:
+            header, frames = await _read(reader)
+            for buf in outgoing(header, frames):
+                await stream.send(buf)
+            counter.n += 1
 
-    async def main() -> None:
-        async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
-            host, port = listener.extra(SocketAttribute.local_address)[:2]
-            ready(f"tcp://{host}:{port}")
-            if ssl_context is None:
-                await listener.serve(echo)
-            else:
-                await TLSListener(listener, ssl_context, standard_compatible=False).serve(echo)
-
-    run_backend(case.backend, main)
+    run_backend(case.backend, serve, echo, ssl_context, ready)
 
 
 async def open_client(
     stack: contextlib.AsyncExitStack, address: str, case: Any, ssl_context: ssl.SSLContext | None
 ) -> Callable[[], Awaitable[None]]:
     """One stream; round trips send the framed message and read the echo."""
-    host, _, port = address.removeprefix("tcp://").rpartition(":")
-    stream: ByteStream
-    with anyio.fail_after(CONNECT_TIMEOUT):
-        if ssl_context is None:
-            stream = await anyio.connect_tcp(host, int(port))
-        else:
-            stream = await anyio.connect_tcp(
-                host, int(port), ssl_context=ssl_context, tls_standard_compatible=False
-            )
+    stream = await connect(address, ssl_context)
     stack.push_async_callback(stream.aclose)
     reader = BufferedByteReceiveStream(stream)
-    frames = make_frames(case.size, case.frames)
-    buffers = outgoing(pack_header(frames), frames)
+    buffers, _ = request(case)
     checker = Checker(case.size, case.frames)
 
     async def roundtrip() -> None:

@@ -10,6 +10,8 @@ from anyio_comm._sansio.decoder import FrameDecoder
 from anyio_comm._sansio.serialization import Serializer
 from anyio_comm._sansio.wire import encode_header, encode_preamble, frames_to_iov
 
+from ..decoding import normalize, receive_into
+
 frame_lists = st.lists(st.lists(st.binary(max_size=3000), max_size=6), min_size=1, max_size=6)
 
 values = st.recursive(
@@ -42,11 +44,7 @@ def decode_all(data: bytes, cuts: list[int], read_buffer_size: int) -> list[list
     for piece in chunked(data, cuts):
         view = memoryview(piece)
         while view:
-            buf = d.get_buffer()
-            n = min(len(buf), len(view))
-            buf[:n] = view[:n]
-            d.buffer_updated(n)
-            view = view[n:]
+            view = receive_into(d, view)
             if handshake is None:
                 handshake = d.next_handshake()
                 if handshake is None:
@@ -71,16 +69,6 @@ def test_frames_roundtrip_any_chunking(messages, cuts, read_buffer_size) -> None
         for m in messages
     )
     assert decode_all(stream, cuts, read_buffer_size) == messages
-
-
-def normalize(value: object) -> object:
-    if isinstance(value, memoryview):
-        return bytes(value)
-    if isinstance(value, (list, tuple)):
-        return [normalize(v) for v in value]
-    if isinstance(value, dict):
-        return {k: normalize(v) for k, v in value.items()}
-    return value
 
 
 @settings(max_examples=300, deadline=None)
