@@ -18,7 +18,9 @@ of each case. Systems (``benchmarks/systems/``, one module each):
 The floors and anyio-streams frame a message as an 8-byte frame count, 8-byte
 lengths, then the frames. A workload is a frame size (``--sizes``), a number of
 concurrent connections in the client process (``--concurrency``), a number of
-frames per message (``--frames``) and TLS on or off (``--tls``). Each case runs
+frames per message (``--frames``) and TLS on or off (``--tls``); with
+``--gil-hold`` every server process also runs a thread that holds the GIL in a
+busy loop, and the report compares the systems under that load. Each case runs
 in a fresh server process pinned to one CPU and a fresh client process pinned
 to another (see :mod:`benchmarks._harness`). A system whose package is
 missing is skipped with a note.
@@ -28,6 +30,8 @@ Run from the repository root::
     python -m benchmarks.compare --quick
     python -m benchmarks.compare --repeat 2 --seconds 1 --json benchmarks/results/compare.json \\
         --markdown benchmarks/results/compare.md --plot benchmarks/results/compare.png
+    python -m benchmarks.compare --gil-hold --sizes 1e3,1e6 --frames 1 --tls off \\
+        --systems anyio-comm,floor,dask,zmq --json benchmarks/results/compare-gil.json
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from anyio_comm._bench._server import GilHolder
 from benchmarks import _harness
 from benchmarks._harness import (
     ROUND_TRIP_HEAD,
@@ -80,6 +85,7 @@ class Case:
     concurrency: int
     frames: int = 1
     tls: str | None = None  # TLS version, None for plain TCP
+    gil_hold: bool = False  # the server process runs a GIL-holding thread
 
     @property
     def label(self) -> str:
@@ -137,6 +143,8 @@ def server_main(conn: Connection, case: Case, tls: TLSFiles | None, lifetime: fl
         args = (conn, counter, address, lifetime)
         threading.Thread(target=_control, args=args, daemon=True).start()
 
+    if case.gil_hold:
+        GilHolder().start()  # a daemon thread: it ends with the process
     SYSTEMS[case.system].module(case.backend).run_server(case, ssl_context, counter, ready)
 
 
@@ -362,7 +370,9 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
             system = SYSTEMS[name]
             for backend in system.tls_backends if tls else system.backends:
                 if backend in args.backends or backend == "threads":
-                    cases.append(Case(name, backend, size, concurrency, frames, tls))
+                    cases.append(
+                        Case(name, backend, size, concurrency, frames, tls, args.gil_hold)
+                    )
     return cases
 
 
@@ -383,7 +393,15 @@ def format_table(results: list[dict[str, Any]]) -> str:
     head = f"{'workload':<18}{'system/backend':<27}{ROUND_TRIP_HEAD}"
     lines = [head, "-" * len(head)]
     for r in results:
-        case = Case(r["system"], r["backend"], r["size"], r["concurrency"], r["frames"], r["tls"])
+        case = Case(
+            r["system"],
+            r["backend"],
+            r["size"],
+            r["concurrency"],
+            r["frames"],
+            r["tls"],
+            r.get("gil_hold", False),
+        )
         row = f"{case.workload:<18}{case.label:<27}"
         if "error" in r:
             lines.append(f"{row}FAILED: {r['error']}")
@@ -436,6 +454,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--tls", choices=("off", "on", "both"), default="both", help="TLS cases (default: both)")
     add("--seconds", type=float, help="measured seconds per case (default 1, --quick 0.5)")
     add("--warmup", type=float, help="warm-up seconds per case (default 0.3, --quick 0.2)")
+    add(
+        "--gil-hold",
+        action="store_true",
+        help="every server process also runs a thread holding the GIL in a busy loop",
+    )
     add("--max-count", type=int, default=1_000_000, help="most round trips measured per case")
     add("--repeat", type=int, help="repeats of the whole matrix, best kept (default 2, quick 1)")
     _harness.add_output_options(parser, json_help="write all runs, the best per case and metadata")

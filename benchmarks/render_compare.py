@@ -9,7 +9,10 @@ The report has the round trips per second of every workload and system, then
 the ratios that the targets are about, each computed from cases of the same
 run: anyio-comm over the floor of the same backend, over dask, pyzmq and AnyIO
 streams, trio over asyncio, and server CPU per 1 KB request. A cell with a
-target is marked ✓ (met) or ✗ (missed); the misses are listed at the end.
+target is marked ✓ (met) or ✗ (missed); the misses are listed at the end. A
+``--gil-hold`` run (a GIL-holding thread in every server) has one ratio table
+instead: anyio-comm on each backend over dask, whose requests per second it
+must at least match, and over the other systems for reference.
 """
 
 from __future__ import annotations
@@ -112,6 +115,17 @@ TLS_COLUMNS: list[Column] = [
     ("/ dask (asyncio)", ("anyio-comm", "asyncio"), ("dask", "asyncio"), None),
     *((f"/ streams {b}", ("anyio-comm", b), ("anyio-streams", b), _ahead) for b in BACKENDS),
     ("trio / asyncio", ("anyio-comm", "trio"), ("anyio-comm", "asyncio"), _trio),
+]
+
+
+def _at_least(w: Workload) -> tuple[str, float]:  # noqa: ARG001
+    return (">=", 1.0)
+
+
+GIL_COLUMNS: list[Column] = [
+    *((f"{b} / dask", ("anyio-comm", b), ("dask", "asyncio"), _at_least) for b in BACKENDS),
+    *((f"/ floor {b}", ("anyio-comm", b), ("floor", b), None) for b in BACKENDS),
+    ("asyncio / zmq", ("anyio-comm", "asyncio"), ("zmq", "asyncio"), None),
 ]
 
 
@@ -222,6 +236,14 @@ def _sections(data: dict[str, Any]) -> tuple[list[str], list[str]]:
     plain = [w for w in workloads if not w[3]]
     tls = [w for w in workloads if w[3]]
     lines = []
+    if data["metadata"]["options"].get("gil_hold"):
+        lines += [
+            "### Ratios with a GIL-holding thread in the server (round trips per second)",
+            "",
+            *_ratio_table(ok, workloads, GIL_COLUMNS, misses, "GIL-held"),
+            "",
+        ]
+        return lines, misses
     if plain:
         lines += [
             "### Ratios over plain TCP (round trips per second, anyio-comm / other)",
@@ -265,6 +287,12 @@ def render(data: dict[str, Any]) -> str:
             f"{opts['seconds']:g} s per case after {opts['warmup']:g} s warm-up, best of "
             f"{opts['repeat']} interleaved repeats. Load average before/after: "
             f"{meta['load_average_before']} / {meta['load_average_after']}."
+            + (
+                " Every server process also ran a thread holding the GIL in a busy "
+                "Python loop (`--gil-hold`)."
+                if opts.get("gil_hold")
+                else ""
+            )
         ),
         "",
         (
