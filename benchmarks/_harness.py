@@ -21,6 +21,8 @@ import json
 import multiprocessing
 import os
 import platform
+import re
+import shutil
 import ssl
 import sys
 import tempfile
@@ -119,6 +121,20 @@ def client_context(files: TLSFiles | None, version: str | None) -> ssl.SSLContex
 
 
 # -- processes ----------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def unix_directory(transport: str, prefix: str) -> Iterator[str | None]:
+    """A temporary directory for a ``unix`` transport's socket (None for other transports),
+    removed afterwards."""
+    if transport != "unix":
+        yield None
+        return
+    directory = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def choose_cpus(
@@ -438,6 +454,35 @@ def backend_table(
             first, *below = figures(r)
             lines += [row + first, *below]
     return "\n".join(lines)
+
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
+
+
+def parse_size(text: str) -> int:
+    """``"10GB"`` -> 10**10; decimal (kB, MB, GB) and binary (KiB, MiB, GiB) units.
+
+    Raises:
+        argparse.ArgumentTypeError: not a positive size.
+    """
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    if match is None or match.group(2).lower() not in _UNITS:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 2GB, 1MB, 512KiB)")
+    value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    return value
 
 
 def format_size(n: int) -> str:

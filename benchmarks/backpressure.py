@@ -31,12 +31,9 @@ backend at the default 1 ms consumer delay). Run from the repository root::
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import re
-import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
@@ -56,6 +53,7 @@ from ._harness import (
 )
 
 if TYPE_CHECKING:
+    import argparse
     import ssl
     from multiprocessing.connection import Connection
 
@@ -64,18 +62,6 @@ TLS_VERSION = "1.3"
 ROLES = ("consumer", "producer")
 SAMPLE_INTERVAL = 0.01  # seconds between RSS samples
 DRAIN_TIMEOUT = 60.0  # seconds for the consumer to read what is in flight at the end
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
 _MEMORY_FIELDS = re.compile(r"^(VmRSS|VmHWM):\s+(\d+) kB$", re.MULTILINE)
 
 
@@ -92,21 +78,6 @@ class Case:
 
 
 # -- memory -------------------------------------------------------------------
-
-
-def parse_size(text: str) -> int:
-    """``"10GB"`` -> 10**10; decimal (kB, MB, GB) and binary (KiB, MiB, GiB) units.
-
-    Raises:
-        argparse.ArgumentTypeError: not a positive size.
-    """
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if match is None or match.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 2GB, 1MB, 512KiB)")
-    value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
-    return value
 
 
 def read_memory() -> dict[str, int | None]:
@@ -297,17 +268,15 @@ def run_case(
 ) -> dict[str, Any]:
     """Run one backend in a fresh consumer and producer process; return the measurements."""
     budget = STARTUP_TIMEOUT + case.seconds_max + DRAIN_TIMEOUT + STARTUP_TIMEOUT
-    unix_dir = tempfile.mkdtemp(prefix="acomm-bp-") if case.transport == "unix" else None
-    try:
-        with ProcessPair(ctx, "backpressure", cpus, ROLES) as pair:
-            consumer, address = pair.start_server(consumer_main, case, tls, unix_dir)
-            producer = pair.start_client(producer_main, case, tls, address)
-            deadline = time.monotonic() + budget
-            _, produced = producer.receive(deadline)
-            _, consumed = consumer.receive(deadline)
-    finally:
-        if unix_dir is not None:
-            shutil.rmtree(unix_dir, ignore_errors=True)
+    with (
+        _harness.unix_directory(case.transport, "acomm-bp-") as unix_dir,
+        ProcessPair(ctx, "backpressure", cpus, ROLES) as pair,
+    ):
+        consumer, address = pair.start_server(consumer_main, case, tls, unix_dir)
+        producer = pair.start_client(producer_main, case, tls, address)
+        deadline = time.monotonic() + budget
+        _, produced = producer.receive(deadline)
+        _, consumed = consumer.receive(deadline)
     if consumed["bytes"] != produced["bytes"]:
         raise RuntimeError(f"sent {produced['bytes']} bytes but {consumed['bytes']} arrived")
     seconds = consumed["seconds"]
@@ -353,10 +322,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
     parser = _harness.argument_parser("backpressure", __doc__)
     add = parser.add_argument
-    add("--total", type=parse_size, default=2 * 10**9, help="bytes to send (default: 2GB)")
+    add(
+        "--total", type=_harness.parse_size, default=2 * 10**9, help="bytes to send (default: 2GB)"
+    )
     add(
         "--message-size",
-        type=parse_size,
+        type=_harness.parse_size,
         default=10**6,
         help="bytes per message, at least 8 (default: 1MB)",
     )

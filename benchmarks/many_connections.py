@@ -30,10 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import resource
-import shutil
 import struct
 import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -248,17 +246,15 @@ def run_case(
     ctx: Any, case: Case, cpus: tuple[int | None, int | None], tls: TLSFiles | None
 ) -> dict[str, Any]:
     """Run one backend in a fresh server and client process; return the measurements."""
-    unix_dir = tempfile.mkdtemp(prefix="acomm-many-") if case.transport == "unix" else None
-    try:
-        with ProcessPair(ctx, "many", cpus) as pair:
-            server, address = pair.start_server(server_main, case, tls, unix_dir)
-            client = pair.start_client(client_main, case, tls, address)
-            _, result = client.receive(time.monotonic() + STARTUP_TIMEOUT + case.seconds_max)
-            server.send("stop")
-            _, served = server.receive(time.monotonic() + STARTUP_TIMEOUT)
-    finally:
-        if unix_dir is not None:
-            shutil.rmtree(unix_dir, ignore_errors=True)
+    with (
+        _harness.unix_directory(case.transport, "acomm-many-") as unix_dir,
+        ProcessPair(ctx, "many", cpus) as pair,
+    ):
+        server, address = pair.start_server(server_main, case, tls, unix_dir)
+        client = pair.start_client(client_main, case, tls, address)
+        _, result = client.receive(time.monotonic() + STARTUP_TIMEOUT + case.seconds_max)
+        server.send("stop")
+        _, served = server.receive(time.monotonic() + STARTUP_TIMEOUT)
     growth = served["rss_growth"]
     per_connection = growth / case.connections if growth is not None else None
     return {**asdict(case), **result, "server": served, "server_bytes_per_conn": per_connection}

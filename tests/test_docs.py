@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from benchmarks.render import render
 
 DOCS = Path(__file__).parents[1] / "docs"
@@ -15,11 +17,20 @@ def test_performance_tables_are_generated_from_the_committed_run() -> None:
     assert (DOCS / "_generated" / "echo.md").read_text() == render(data)
 
 
-def test_comparison_report_is_generated_from_the_committed_run() -> None:
+@pytest.mark.parametrize("name", ["compare", "compare-gil"])
+def test_comparison_report_is_generated_from_the_committed_run(name: str) -> None:
     from benchmarks.render_compare import render as render_compare
 
-    data = json.loads((DOCS / "_generated" / "compare.json").read_text())
-    assert (DOCS / "_generated" / "compare.md").read_text() == render_compare(data)
+    data = json.loads((DOCS / "_generated" / f"{name}.json").read_text())
+    assert (DOCS / "_generated" / f"{name}.md").read_text() == render_compare(data)
+
+
+@pytest.mark.parametrize("name", ["memory-tcp", "memory-tls"])
+def test_memory_table_is_generated_from_the_committed_run(name: str) -> None:
+    from benchmarks.memory import render as render_memory
+
+    data = json.loads((DOCS / "_generated" / f"{name}.json").read_text())
+    assert (DOCS / "_generated" / f"{name}.md").read_text() == render_memory(data)
 
 
 def test_every_page_is_in_the_toctree() -> None:

@@ -181,6 +181,62 @@ async def test_backpressure_bounds_memory(kind: str) -> None:
     )
 
 
+# -- one large message ---------------------------------------------------------
+
+#: the payload of the large message: big enough that a copy of it would show
+LARGE = 64 * MiB
+
+
+@pytest.mark.parametrize("frames", [1, 4])
+@pytest.mark.parametrize("kind", ["tcp", "inproc", "tls1.3"])
+async def test_large_message_allocations(kind: str, frames: int) -> None:
+    """Sending and receiving a 64 MiB message allocates little beyond the received frames.
+
+    Both ends run in this process, so ``tracemalloc``'s peak counts both: the
+    receiver's frame buffers (the payload, once), its read-ahead and TLS
+    buffers, and whatever the sender allocates (the payload itself was
+    allocated before). The bound, 1.1x the payload, is the receive target of
+    ``benchmarks/memory.py``, which measures each side in its own process;
+    one extra copy of the payload anywhere would double the peak.
+    """
+    sizes = [LARGE // frames] * frames
+    started = tracemalloc.is_tracing()
+    if not started:
+        tracemalloc.start()
+    try:
+        async with connected_pair(
+            kind, limits=anyio_comm.Limits(max_message_size=2 * LARGE, max_frame_size=LARGE)
+        ) as (sender, receiver):
+            payload = [
+                bytearray(random.Random(i).randbytes(64)) * (n // 64) for i, n in enumerate(sizes)
+            ]
+            received: list[Any] = []
+
+            async def receive() -> None:
+                received.append(await receiver.receive())
+
+            with _asyncio_debug_off():
+                tracemalloc.reset_peak()
+                baseline, _ = tracemalloc.get_traced_memory()
+                with anyio.fail_after(30):
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(receive)
+                        await sender.send({"data": [memoryview(p) for p in payload]})
+                _, peak = tracemalloc.get_traced_memory()
+    finally:
+        if not started:
+            tracemalloc.stop()
+
+    (message,) = received
+    assert [frame.nbytes for frame in message["data"]] == sizes
+    for frame, original in zip(message["data"], payload, strict=True):
+        assert frame == memoryview(original)
+    bound = 1.1 * LARGE
+    assert peak - baseline < bound, (
+        f"traced peak {(peak - baseline) / MiB:.2f} MiB over the {bound / MiB:.1f} MiB bound"
+    )
+
+
 # -- 1000 connections ---------------------------------------------------------
 
 CONNECTIONS = 1000
