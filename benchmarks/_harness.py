@@ -269,6 +269,42 @@ class ProcessPair:
             child.stop()
 
 
+async def serve_one(
+    conn: Connection,
+    address: str,
+    handle: Callable[[Any, dict[str, Any]], Awaitable[None]],
+    *,
+    role: str,
+    budget: float,
+    **listen_options: Any,
+) -> dict[str, Any]:
+    """Listen on ``address``, report ``("ready", address)`` on ``conn``, run ``handle(comm,
+    result)`` for the first connection, then return ``result``; raise if ``handle`` failed
+    (``role`` names this process in the error) or ``budget`` seconds passed."""
+    import anyio
+
+    import anyio_comm
+
+    result: dict[str, Any] = {}
+    finished = anyio.Event()
+
+    async def handler(comm: anyio_comm.Comm) -> None:
+        try:
+            await handle(comm, result)
+        except Exception as exc:
+            result["error"] = repr(exc)
+        finally:
+            finished.set()
+
+    with anyio.fail_after(budget):
+        async with anyio_comm.listen(address, handler, **listen_options) as listener:
+            conn.send(("ready", listener.address))
+            await finished.wait()
+    if "error" in result:
+        raise RuntimeError(f"the {role} failed: {result['error']}")
+    return result
+
+
 @dataclass(frozen=True)
 class Timing:
     """The measurement of a round-trip case: ``warmup`` seconds, then ``seconds`` or

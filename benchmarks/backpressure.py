@@ -154,44 +154,32 @@ def _listen_address(case: Case, unix_dir: str | None) -> str:
 async def _consumer(
     conn: Connection, case: Case, address: str, ssl_context: ssl.SSLContext | None
 ) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    finished = anyio.Event()
-    watch = MemoryWatch()
-
-    async def handler(comm: anyio_comm.Comm) -> None:
+    async def handle(comm: anyio_comm.Comm, result: dict[str, Any]) -> None:
+        watch = MemoryWatch()
         received = messages = 0
         start = time.perf_counter()
-        try:
-            async with anyio.create_task_group() as tg:
-                await tg.start(watch.start)
-                try:
-                    async for message in comm:
-                        data = message["data"]
-                        seq = int.from_bytes(data[:8], "big")
-                        if message["seq"] != messages or seq != messages:
-                            raise RuntimeError(f"message {messages} arrived as {seq}")
-                        received += data.nbytes
-                        messages += 1
-                        del message, data
-                        if case.consumer_delay:
-                            await anyio.sleep(case.consumer_delay)
-                finally:
-                    result.update(watch.stop())
-                    tg.cancel_scope.cancel()
-            result.update(bytes=received, messages=messages, seconds=time.perf_counter() - start)
-        except Exception as exc:
-            result["error"] = repr(exc)
-        finally:
-            finished.set()
+        async with anyio.create_task_group() as tg:
+            await tg.start(watch.start)
+            try:
+                async for message in comm:
+                    data = message["data"]
+                    seq = int.from_bytes(data[:8], "big")
+                    if message["seq"] != messages or seq != messages:
+                        raise RuntimeError(f"message {messages} arrived as {seq}")
+                    received += data.nbytes
+                    messages += 1
+                    del message, data
+                    if case.consumer_delay:
+                        await anyio.sleep(case.consumer_delay)
+            finally:
+                result.update(watch.stop())
+                tg.cancel_scope.cancel()
+        result.update(bytes=received, messages=messages, seconds=time.perf_counter() - start)
 
     budget = STARTUP_TIMEOUT + case.seconds_max + DRAIN_TIMEOUT
-    with anyio.fail_after(budget):
-        async with anyio_comm.listen(address, handler, ssl_context=ssl_context) as listener:
-            conn.send(("ready", listener.address))
-            await finished.wait()
-    if "error" in result:
-        raise RuntimeError(f"the consumer failed: {result['error']}")
-    return result
+    return await _harness.serve_one(
+        conn, address, handle, role="consumer", budget=budget, ssl_context=ssl_context
+    )
 
 
 def consumer_main(

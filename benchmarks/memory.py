@@ -103,39 +103,29 @@ class Traced:
 async def _receiver(
     conn: Connection, case: Case, address: str, ssl_context: ssl.SSLContext | None
 ) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    finished = anyio.Event()
+    async def handle(comm: anyio_comm.Comm, result: dict[str, Any]) -> None:
+        with Traced() as traced:
+            message = await comm.receive()
+        frames = message["data"]
+        sizes = [frame.nbytes for frame in frames]
+        if sizes != frame_sizes(case):
+            raise RuntimeError(f"frames of {sizes} bytes arrived")
+        for frame in frames:
+            if frame != pattern(frame.nbytes):
+                raise RuntimeError("a frame arrived corrupted")
+        result.update(allocated=traced.peak, seconds=traced.seconds)
+        await comm.send("done")
 
-    async def handler(comm: anyio_comm.Comm) -> None:
-        try:
-            with Traced() as traced:
-                message = await comm.receive()
-            frames = message["data"]
-            sizes = [frame.nbytes for frame in frames]
-            if sizes != frame_sizes(case):
-                raise RuntimeError(f"frames of {sizes} bytes arrived")
-            for frame in frames:
-                if frame != pattern(frame.nbytes):
-                    raise RuntimeError("a frame arrived corrupted")
-            result.update(allocated=traced.peak, seconds=traced.seconds)
-            await comm.send("done")
-        except Exception as exc:
-            result["error"] = repr(exc)
-        finally:
-            finished.set()
-
-    with anyio.fail_after(STARTUP_TIMEOUT + TRANSFER_TIMEOUT):
-        async with anyio_comm.listen(
-            address,
-            handler,
-            ssl_context=ssl_context,
-            limits=anyio_comm.Limits(max_frame_size=case.size, max_message_size=case.size + 2**20),
-        ) as listener:
-            conn.send(("ready", listener.address))
-            await finished.wait()
-    if "error" in result:
-        raise RuntimeError(f"the receiver failed: {result['error']}")
-    return result
+    limits = anyio_comm.Limits(max_frame_size=case.size, max_message_size=case.size + 2**20)
+    return await _harness.serve_one(
+        conn,
+        address,
+        handle,
+        role="receiver",
+        budget=STARTUP_TIMEOUT + TRANSFER_TIMEOUT,
+        ssl_context=ssl_context,
+        limits=limits,
+    )
 
 
 def receiver_main(

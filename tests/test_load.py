@@ -46,6 +46,36 @@ def _asyncio_debug_off() -> Iterator[None]:
         loop.set_debug(debug)
 
 
+@contextlib.contextmanager
+def _tracing() -> Iterator[None]:
+    """Trace allocations for the block (unless tracing already)."""
+    started = tracemalloc.is_tracing()
+    if not started:
+        tracemalloc.start()
+    try:
+        yield
+    finally:
+        if not started:
+            tracemalloc.stop()
+
+
+class _Peak:
+    """Traced memory at the start of a :func:`_traced_peak` block and its peak during it."""
+
+    baseline = peak = 0
+
+
+@contextlib.contextmanager
+def _traced_peak() -> Iterator[_Peak]:
+    """Measure the peak of traced memory over the block, asyncio's debug mode off."""
+    measured = _Peak()
+    with _asyncio_debug_off():
+        tracemalloc.reset_peak()
+        measured.baseline, _ = tracemalloc.get_traced_memory()
+        yield measured
+        _, measured.peak = tracemalloc.get_traced_memory()
+
+
 # -- backpressure -------------------------------------------------------------
 
 #: size of every message (its one out-of-band frame)
@@ -119,10 +149,7 @@ async def test_backpressure_bounds_memory(kind: str) -> None:
     producer_ahead: list[int] = []
     checked: list[int] = []
     sent = received = 0
-    started = tracemalloc.is_tracing()
-    if not started:
-        tracemalloc.start()
-    try:
+    with _tracing():
         async with connected_pair(kind) as (producer, consumer):
             payload = bytearray(MESSAGE)
             view = memoryview(payload)
@@ -148,18 +175,12 @@ async def test_backpressure_bounds_memory(kind: str) -> None:
                     received += 1
                     await anyio.sleep(CONSUMER_PAUSE)
 
-            with _asyncio_debug_off():
-                tracemalloc.reset_peak()
-                baseline, _ = tracemalloc.get_traced_memory()
-                with anyio.fail_after(30):
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(consume)
-                        tg.start_soon(produce)
-                _, peak = tracemalloc.get_traced_memory()
+            with _traced_peak() as traced, anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(consume)
+                    tg.start_soon(produce)
             kernel = _kernel_buffered(producer, consumer)
-    finally:
-        if not started:
-            tracemalloc.stop()
+    peak, baseline = traced.peak, traced.baseline
 
     assert checked == list(range(MESSAGES))  # nothing lost, duplicated or reordered
     bound = 4 * MESSAGE + 2 * MiB
@@ -200,10 +221,7 @@ async def test_large_message_allocations(kind: str, frames: int) -> None:
     one extra copy of the payload anywhere would double the peak.
     """
     sizes = [LARGE // frames] * frames
-    started = tracemalloc.is_tracing()
-    if not started:
-        tracemalloc.start()
-    try:
+    with _tracing():
         async with connected_pair(
             kind, limits=anyio_comm.Limits(max_message_size=2 * LARGE, max_frame_size=LARGE)
         ) as (sender, receiver):
@@ -215,17 +233,11 @@ async def test_large_message_allocations(kind: str, frames: int) -> None:
             async def receive() -> None:
                 received.append(await receiver.receive())
 
-            with _asyncio_debug_off():
-                tracemalloc.reset_peak()
-                baseline, _ = tracemalloc.get_traced_memory()
-                with anyio.fail_after(30):
-                    async with anyio.create_task_group() as tg:
-                        tg.start_soon(receive)
-                        await sender.send({"data": [memoryview(p) for p in payload]})
-                _, peak = tracemalloc.get_traced_memory()
-    finally:
-        if not started:
-            tracemalloc.stop()
+            with _traced_peak() as traced, anyio.fail_after(30):
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(receive)
+                    await sender.send({"data": [memoryview(p) for p in payload]})
+    peak, baseline = traced.peak, traced.baseline
 
     (message,) = received
     assert [frame.nbytes for frame in message["data"]] == sizes
