@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+import gc
+import warnings
+
 import anyio
 import pytest
 from anyio import wait_all_tasks_blocked
+from anyio.abc import SocketAttribute
 
+import anyio_comm
 from anyio_comm._transports.rawsocket import IOV_MAX, SocketTransport
 
+from .certs import client_context, server_context
 from .helpers import connected_pair
 
 
@@ -106,3 +112,38 @@ async def test_loop_without_add_reader_falls_back(anyio_backend_name: str) -> No
             tg.start_soon(close_when_blocked)
             with anyio.fail_after(5), pytest.raises(anyio.ClosedResourceError):
                 await server.receive()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "tls1.3"])
+async def test_comm_dropped_without_closing_frees_its_descriptor_number(transport: str) -> None:
+    """A comm garbage-collected without ``aclose()`` leaves no registration behind:
+    later connections given the same file descriptor number work."""
+
+    async def echo(comm: anyio_comm.Comm) -> None:
+        async for message in comm:
+            await comm.send(message)
+
+    tls = transport != "tcp"
+    address = f"{'tls' if tls else 'tcp'}://127.0.0.1:0"
+    server_options = {"ssl_context": server_context()} if tls else {}
+    client_options = {"ssl_context": client_context()} if tls else {}
+    async with anyio_comm.listen(address, echo, **server_options) as listener:
+        dropped = await anyio_comm.connect(listener.address, timeout=10, **client_options)
+        await dropped.send("first")
+        with anyio.fail_after(10):
+            assert await dropped.receive() == "first"  # waited: the reader is registered
+        fd = dropped.extra(SocketAttribute.raw_socket).fileno()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ResourceWarning)  # the unclosed socket
+            del dropped
+            gc.collect()
+        reused = False
+        for i in range(3):
+            with anyio.fail_after(10):
+                comm = await anyio_comm.connect(listener.address, timeout=10, **client_options)
+                async with comm:
+                    reused |= comm.extra(SocketAttribute.raw_socket).fileno() == fd
+                    await comm.send(i)
+                    assert await comm.receive() == i
+    if not reused:
+        pytest.skip(f"descriptor {fd} was not given to a later connection")

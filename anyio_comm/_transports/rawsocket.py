@@ -128,6 +128,17 @@ class _LoopReader:
             self._registered = False
             self._loop.remove_reader(self._fd)
 
+    def release(self) -> None:
+        """Unregister if called in the loop's own thread while it runs (the loop's
+        registrations may only be changed there); otherwise do nothing."""
+        if self._registered:
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                return
+            if running is self._loop:
+                self.unregister()
+
     def close(self) -> None:
         """Unregister and wake a waiting task."""
         self.unregister()
@@ -179,6 +190,15 @@ class SocketTransport(Transport):
             self._trio = trio.lowlevel
             self._trio_closed = trio.ClosedResourceError
             self._trio_busy = trio.BusyResourceError
+
+    def __del__(self) -> None:
+        # Dropped without aclose(): the socket is about to be closed by the garbage
+        # collector, which takes it out of epoll but not out of the event loop's own
+        # map of registered descriptors, so the next socket given the same number
+        # could not be registered (FileNotFoundError from epoll_ctl).
+        reader = self._reader
+        if reader is not None:
+            reader.release()
 
     @property
     def extra_attributes(self) -> Mapping[Any, Any]:
