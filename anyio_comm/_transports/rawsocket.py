@@ -134,7 +134,7 @@ class _LoopReader:
         if self._registered:
             try:
                 running = asyncio.get_running_loop()
-            except RuntimeError:
+            except Exception:  # RuntimeError: no loop here (or the interpreter is exiting)
                 return
             if running is self._loop:
                 self.unregister()
