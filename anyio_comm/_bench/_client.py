@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import signal
-import sys
 import time
 from array import array
 from dataclasses import dataclass, field
@@ -15,7 +13,7 @@ import anyio
 import anyio.to_thread
 
 from .. import connect
-from ._common import HELLO_KEY, PROTOCOL, ClientTLS, one_line, pin, run_on
+from ._common import HELLO_KEY, PROTOCOL, ClientTLS, child_process, run_on
 
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
@@ -178,14 +176,6 @@ def client_process(conn: Connection, spec: ClientSpec) -> None:
     """Entry point of a client process: sends ``("ready", server_info)``, waits for
     ``("start", wall_time, seconds)``, then sends ``("result", counts)`` or
     ``("error", one_line)``. Ctrl-C is left to the parent, which stops the children."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        pin(spec.cpu)
+    with child_process(conn, spec.cpu):
         result = run_on(spec.backend, client, conn, spec)
         conn.send(("result", result))
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            conn.send(("error", one_line(exc)))
-        sys.exit(1)
-    finally:
-        conn.close()

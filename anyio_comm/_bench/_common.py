@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import math
 import os
 import re
+import signal
 import ssl
+import sys
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+    from multiprocessing.connection import Connection
 
 #: key of the first message on every bench connection; it names the role of the connection
 #: (``"echo"`` or ``"control"``), so payload messages are never mistaken for control requests
@@ -144,6 +151,23 @@ class ServerTLS:
             context.load_verify_locations(self.cafile)
             context.verify_mode = ssl.CERT_REQUIRED
         return context
+
+
+@contextlib.contextmanager
+def child_process(conn: Connection, cpu: int | None) -> Iterator[None]:
+    """The frame of a child process's entry point: Ctrl-C ignored (the parent stops the
+    children), pinned to ``cpu``; a failure is sent on ``conn`` as ``("error", one_line)``
+    and exits with status 1; ``conn`` is closed at the end."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        pin(cpu)
+        yield
+    except BaseException as exc:
+        with contextlib.suppress(OSError):
+            conn.send(("error", one_line(exc)))
+        sys.exit(1)
+    finally:
+        conn.close()
 
 
 def one_line(exc: BaseException) -> str:

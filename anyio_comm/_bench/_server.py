@@ -19,7 +19,6 @@ import contextlib
 import os
 import platform
 import signal
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -27,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .. import __version__, listen
-from ._common import HELLO_KEY, HELLO_TIMEOUT, PROTOCOL, ServerTLS, one_line, pin, run_on
+from ._common import HELLO_KEY, HELLO_TIMEOUT, PROTOCOL, ServerTLS, child_process, pin, run_on
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -192,9 +191,7 @@ def server_process(
     """Entry point of the server process of a local run: reports ``("ready", address)``
     on ``conn``; stops on SIGTERM (sent by the parent) or after ``lifetime`` seconds.
     Ctrl-C is left to the parent, which stops the children in order."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        pin(cpu)
+    with child_process(conn, cpu):
         run_on(
             backend,
             run_server,
@@ -207,9 +204,3 @@ def server_process(
             lambda real: conn.send(("ready", real)),
             (signal.SIGTERM,),
         )
-    except BaseException as exc:
-        with contextlib.suppress(OSError):
-            conn.send(("error", one_line(exc)))
-        sys.exit(1)
-    finally:
-        conn.close()
