@@ -1,25 +1,53 @@
-"""anyio-comm: fast, structured-concurrency message transport on asyncio, uvloop and trio."""
+"""anyio-comm: fast, structured-concurrency message transport on asyncio, uvloop and trio.
+
+The public names are imported on first use (PEP 562), so that importing the
+sans-IO core (``anyio_comm._sansio``) loads no event loop, socket or ssl module.
+"""
 
 from __future__ import annotations
 
-from ._comm import Comm as Comm
-from ._connect import connect as connect
-from ._connect import from_stream as from_stream
-from ._exceptions import CommError as CommError
-from ._exceptions import IdleTimeoutError as IdleTimeoutError
-from ._exceptions import LocalProtocolError as LocalProtocolError
-from ._exceptions import ProtocolError as ProtocolError
-from ._exceptions import RemoteProtocolError as RemoteProtocolError
-from ._exceptions import SerializationError as SerializationError
-from ._listener import Handler as Handler
-from ._listener import Listener as Listener
-from ._listener import listen as listen
-from ._listener import serve as serve
-from ._sansio.buffers import Allocator as Allocator
-from ._sansio.wire import Handshake as Handshake
-from ._sansio.wire import Limits as Limits
+import importlib as _importlib
+import typing as _typing
+
+if _typing.TYPE_CHECKING:
+    from ._comm import Comm as Comm
+    from ._connect import connect as connect
+    from ._connect import from_stream as from_stream
+    from ._exceptions import CommError as CommError
+    from ._exceptions import IdleTimeoutError as IdleTimeoutError
+    from ._exceptions import LocalProtocolError as LocalProtocolError
+    from ._exceptions import ProtocolError as ProtocolError
+    from ._exceptions import RemoteProtocolError as RemoteProtocolError
+    from ._exceptions import SerializationError as SerializationError
+    from ._listener import Handler as Handler
+    from ._listener import Listener as Listener
+    from ._listener import listen as listen
+    from ._listener import serve as serve
+    from ._sansio.buffers import Allocator as Allocator
+    from ._sansio.wire import Handshake as Handshake
+    from ._sansio.wire import Limits as Limits
 
 __version__ = "0.1.0"
+
+#: public name -> the module that defines it
+_EXPORTS = {
+    "Allocator": "._sansio.buffers",
+    "Comm": "._comm",
+    "CommError": "._exceptions",
+    "Handler": "._listener",
+    "Handshake": "._sansio.wire",
+    "IdleTimeoutError": "._exceptions",
+    "Limits": "._sansio.wire",
+    "Listener": "._listener",
+    "LocalProtocolError": "._exceptions",
+    "ProtocolError": "._exceptions",
+    "RemoteProtocolError": "._exceptions",
+    "SerializationError": "._exceptions",
+    "connect": "._connect",
+    "from_stream": "._connect",
+    "listen": "._listener",
+    "serve": "._listener",
+}
 
 __all__ = [
     "Allocator",
@@ -40,3 +68,21 @@ __all__ = [
     "listen",
     "serve",
 ]
+
+
+def __getattr__(name: str) -> _typing.Any:
+    """Import a public name from its module on first use.
+
+    Raises:
+        AttributeError: ``name`` is not a public name of the package.
+    """
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(_importlib.import_module(module, __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -46,8 +46,8 @@ from __future__ import annotations
 import enum
 from typing import Final
 
-from .._exceptions import RemoteProtocolError
 from .buffers import Allocator, allocate, default_allocator
+from .errors import RemoteProtocolError
 from .wire import (
     MAGIC,
     MAX_PREAMBLE_BODY,

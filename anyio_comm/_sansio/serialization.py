@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgpack
 
-from .._exceptions import RemoteProtocolError, SerializationError
+from .errors import RemoteProtocolError, SerializationError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

@@ -24,7 +24,7 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from .._exceptions import LocalProtocolError
+from .errors import LocalProtocolError
 
 if TYPE_CHECKING:
     from collections.abc import Sequence

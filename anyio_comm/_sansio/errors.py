@@ -1,0 +1,56 @@
+"""The protocol's own exceptions (no anyio: the sans-IO core raises them).
+
+:mod:`anyio_comm._exceptions` re-exports them with the rest of the tree.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "CommError",
+    "LocalProtocolError",
+    "ProtocolError",
+    "RemoteProtocolError",
+    "SerializationError",
+]
+
+
+class CommError(Exception):
+    """Base class of every exception defined by anyio-comm."""
+
+
+class ProtocolError(CommError):
+    """A violation of the anyio-comm wire protocol.
+
+    Abstract: only :exc:`LocalProtocolError` and :exc:`RemoteProtocolError` are
+    ever raised, and instantiating this class directly raises :exc:`TypeError`.
+    """
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> ProtocolError:  # noqa: ARG004
+        if cls is ProtocolError:
+            raise TypeError("ProtocolError is abstract; raise a subclass")
+        return super().__new__(cls)
+
+
+class LocalProtocolError(ProtocolError):
+    """We tried to send something the protocol (or the peer's limits) forbids.
+
+    Raised before any byte of the offending message is written, so the comm is
+    still usable.
+    """
+
+
+class RemoteProtocolError(ProtocolError):
+    """The peer sent data that violates the wire format or message encoding.
+
+    The connection is closed when this is raised; further operations on the
+    comm raise :exc:`anyio.BrokenResourceError`.
+    """
+
+
+class SerializationError(CommError, TypeError):
+    """A message could not be serialized (unsupported type, too deep, ...).
+
+    Raised before anything is sent; the comm stays usable.
+    """
