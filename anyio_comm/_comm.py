@@ -54,6 +54,7 @@ from anyio import (
 from anyio.abc import ObjectStream
 from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint, checkpoint_if_cancelled
 
+from ._backend import current_backend
 from ._compat import final
 from ._exceptions import IdleTimeoutError, RemoteProtocolError
 from ._sansio.decoder import EndOfData, FrameDecoder
@@ -61,7 +62,6 @@ from ._sansio.wire import Handshake, encode_message, encode_preamble
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
-    from types import ModuleType
 
     from ._options import CommOptions
     from ._sansio._buffer import Buffer
@@ -143,7 +143,7 @@ class Comm(ObjectStream[Any]):
         self._eof_sent = False
         # trio's lowlevel module on trio, None on asyncio (the checkpoints are
         # called directly: AnyIO's wrappers look up the backend on every call).
-        self._trio = _trio_lowlevel()
+        self._trio = current_backend().trio
         # At most one task receives and one sends (anyio.BusyResourceError).
         self._receiving = False
         self._sending = False
@@ -492,17 +492,6 @@ class Comm(ObjectStream[Any]):
             raise ClosedResourceError
         if self._state is _State.BROKEN:
             raise BrokenResourceError("the connection is broken")
-
-
-def _trio_lowlevel() -> ModuleType | None:
-    """``trio.lowlevel`` when running on trio; ``None`` on asyncio."""
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        import trio.lowlevel  # only ever imported under trio
-
-        return trio.lowlevel
-    return None
 
 
 async def establish(

@@ -54,6 +54,7 @@ from anyio import (
 )
 from anyio.abc import SocketAttribute
 
+from .._backend import current_backend
 from .base import Transport
 
 if TYPE_CHECKING:
@@ -147,14 +148,6 @@ class _LoopReader:
             future.set_result(None)
 
 
-def _loop_reader(sock: socket.socket) -> _LoopReader | None:
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:  # trio
-        return None
-    return _LoopReader(loop, sock.fileno())
-
-
 class SocketTransport(Transport):
     """Byte transport over a connected stream socket that this object owns."""
 
@@ -178,16 +171,17 @@ class SocketTransport(Transport):
         # The last recv returned less than it asked for: the socket was empty.
         self._drained = False
         self._wait_scopes: set[CancelScope] = set()
-        self._reader = _loop_reader(sock)
-        self._on_asyncio = self._reader is not None
+        backend = current_backend()
+        loop = backend.loop
+        self._reader = _LoopReader(loop, sock.fileno()) if loop is not None else None
+        self._on_asyncio = loop is not None
         # trio's lowlevel module and exceptions on trio, None on asyncio.
-        self._trio: ModuleType | None = None
+        self._trio: ModuleType | None = backend.trio
         self._trio_closed: type[Exception] = ClosedResourceError
         self._trio_busy: type[Exception] = BusyResourceError
-        if not self._on_asyncio:
+        if backend.trio is not None:
             import trio  # only ever imported under trio
 
-            self._trio = trio.lowlevel
             self._trio_closed = trio.ClosedResourceError
             self._trio_busy = trio.BusyResourceError
 

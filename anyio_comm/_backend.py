@@ -1,0 +1,81 @@
+"""Which event loop runs the calling task: decided here, and only here.
+
+AnyIO hides the backend from most of the package, but the hot paths call the
+event loop's own primitives (trio's checkpoints, asyncio's reader callbacks)
+because AnyIO's wrappers look the backend up on every call. They ask
+:func:`current_backend` once per connection.
+
+The answer comes from sniffio, as AnyIO's own comes: it tells trio running in
+*guest mode* on an asyncio host loop (where an asyncio loop is running too, and
+``asyncio.get_running_loop()`` would mislead) from asyncio itself. Without
+sniffio (it is a dependency of trio, so trio is not installed either) a running
+asyncio loop is the only possibility.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+__all__ = ["Backend", "current_backend"]
+
+try:
+    import sniffio
+except ImportError:  # pragma: no cover (trio, and with it sniffio, not installed)
+    _sniffio: ModuleType | None = None
+else:
+    _sniffio = sniffio
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """The event loop of the calling task.
+
+    Attributes:
+        loop: the running asyncio event loop (uvloop's included), or ``None``
+            on trio.
+        trio: the ``trio.lowlevel`` module on trio, ``None`` on asyncio.
+    """
+
+    loop: asyncio.AbstractEventLoop | None
+    trio: ModuleType | None
+
+    @property
+    def name(self) -> str:
+        """``"asyncio"`` or ``"trio"``."""
+        return "trio" if self.trio is not None else "asyncio"
+
+
+def _library() -> str:
+    if _sniffio is not None:
+        try:
+            library: str = _sniffio.current_async_library()
+        except _sniffio.AsyncLibraryNotFoundError:
+            raise RuntimeError("no async event loop is running in this thread") from None
+        return library
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        raise RuntimeError("no async event loop is running in this thread") from None
+    return "asyncio"  # pragma: no cover (only without trio installed)
+
+
+def current_backend() -> Backend:
+    """Return the backend of the calling task.
+
+    Raises:
+        RuntimeError: no event loop runs in this thread, or one that anyio-comm
+            does not support (only asyncio, uvloop and trio are).
+    """
+    library = _library()
+    if library == "asyncio":
+        return Backend(loop=asyncio.get_running_loop(), trio=None)
+    if library == "trio":
+        import trio.lowlevel  # only ever imported under trio
+
+        return Backend(loop=None, trio=trio.lowlevel)
+    raise RuntimeError(f"anyio-comm runs on asyncio and trio, not on {library!r}")
