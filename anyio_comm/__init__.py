@@ -11,6 +11,7 @@ import typing as _typing
 
 if _typing.TYPE_CHECKING:
     from ._comm import Comm as Comm
+    from ._comm import CommAttribute as CommAttribute
     from ._connect import connect as connect
     from ._connect import from_stream as from_stream
     from ._exceptions import CommError as CommError
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Allocator": "._sansio.buffers",
     "Comm": "._comm",
+    "CommAttribute": "._comm",
     "CommError": "._exceptions",
     "Handler": "._listener",
     "Handshake": "._sansio.wire",
@@ -52,6 +54,7 @@ _EXPORTS = {
 __all__ = [
     "Allocator",
     "Comm",
+    "CommAttribute",
     "CommError",
     "Handler",
     "Handshake",

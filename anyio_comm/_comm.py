@@ -1,8 +1,15 @@
-"""The Comm: codec + serializer + transport, following AnyIO's ObjectStream contract.
+"""The Comm: AnyIO's ObjectStream over a connection, a serializer and a receive engine.
+
+The Comm is thin glue. The protocol (preamble, framing, limits, per-direction
+state, sticky errors) is the sans-IO :class:`~anyio_comm._sansio.connection.Connection`;
+bytes move through a :class:`~anyio_comm._transports.base.Transport`; whole
+messages come out of a :class:`~anyio_comm._receivers.Receiver` (the receive
+engine). The Comm adds the AnyIO contract: states, errors, one receiver and
+one sender at a time, cancellation and scheduling.
 
 State machine::
 
-    OPEN ──aclose()──────────────────────────────► CLOSED
+    OPEN ──aclose() / abort()────────────────────► CLOSED
       │                                               ▲
       └─ connection error, protocol error from the ───┘ aclose()
          peer, EOF inside a message, or a send
@@ -12,14 +19,13 @@ Scheduling: every ``send`` and ``receive`` is a cancellation point, and no
 more than two operations in a row on a comm complete without letting other
 tasks run (so a fast peer cannot starve the event loop).
 
-* receive: a receive that waited for the socket has yielded already, and the
-  wait was its cancellation point (on asyncio preceded by
-  ``checkpoint_if_cancelled()``: asyncio delivers a cancellation only to a
-  task whose future is still pending, which a wait on a socket that is
-  already readable is not for long). A receive that got its message without
-  waiting yields once after taking it; when cancelled there, it keeps the
-  message, and the next receive returns it: nothing is lost. Every receive
-  therefore yields.
+* receive: a receive that waited for the engine has yielded already, and the
+  wait was its cancellation point (on asyncio preceded by the backend's
+  ``checkpoint_if_cancelled()``: a wait whose wake-up is already scheduled
+  when the cancellation comes would not raise it). A receive that got its
+  message without waiting yields once after taking it; when cancelled there,
+  it keeps the message, and the next receive returns it: nothing is lost.
+  Every receive therefore yields.
 * send: a cancellation point before anything is written
   (``checkpoint_if_cancelled()``). A send that follows an operation that
   yielded (in request/reply traffic: the receive that got the request) does
@@ -44,31 +50,36 @@ from typing import TYPE_CHECKING, Any, Final
 
 from anyio import (
     BrokenResourceError,
-    BusyResourceError,
     CancelScope,
     ClosedResourceError,
     EndOfStream,
+    TypedAttributeSet,
     aclose_forcefully,
     move_on_after,
+    typed_attribute,
 )
 from anyio.abc import ObjectStream
-from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint, checkpoint_if_cancelled
+from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint
 
 from ._backend import current_backend
 from ._compat import final
 from ._exceptions import IdleTimeoutError, RemoteProtocolError
-from ._sansio.decoder import EndOfData, FrameDecoder
-from ._sansio.wire import Handshake, encode_message, encode_preamble
+from ._receivers import PullReceiver
+from ._sansio.connection import Connection, ConnectionState
+from ._sansio.decoder import EndOfData
+from ._util import ConflictDetector
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
 
     from ._options import CommOptions
+    from ._receivers import Receiver
     from ._sansio._buffer import Buffer
     from ._sansio.serialization import Serializer
+    from ._sansio.wire import Handshake
     from ._transports.base import Transport
 
-__all__ = ["Comm", "establish"]
+__all__ = ["Comm", "CommAttribute", "IdleHook", "establish"]
 
 
 class _State(enum.Enum):
@@ -78,6 +89,54 @@ class _State(enum.Enum):
 
 
 _OPEN: Final = _State.OPEN
+_CONN_OPEN: Final = ConnectionState.OPEN
+
+
+class CommAttribute(TypedAttributeSet):
+    """Typed attributes of a :class:`Comm` (``comm.extra(CommAttribute.peer_address)``).
+
+    A comm also passes through its transport's attributes:
+    :class:`anyio.abc.SocketAttribute` for socket addresses, and
+    :class:`anyio.streams.tls.TLSAttribute` over TLS.
+    """
+
+    #: our end of the connection as an address string (``tcp://127.0.0.1:5000``)
+    local_address: str = typed_attribute()
+    #: the peer's end of the connection as an address string
+    peer_address: str = typed_attribute()
+    #: what the peer announced in its preamble (protocol version, receive limits)
+    peer_handshake: Handshake = typed_attribute()
+
+
+@final
+class IdleHook:
+    """What the owner of a comm (a listener) learns about its receives.
+
+    A listener passes one to the comm it creates; during a graceful shutdown it
+    calls :meth:`call_when_idle` to stop the handler as soon as its comm waits
+    between messages, when stopping it loses nothing.
+    """
+
+    __slots__ = ("_callback", "_waiting")
+
+    def __init__(self) -> None:
+        self._callback: Callable[[], object] | None = None
+        # the receiver while a receive() waits with nothing of a message buffered
+        self._waiting: Receiver | None = None
+
+    @property
+    def idle(self) -> bool:
+        """True while a ``receive()`` waits and no part of a message has arrived."""
+        waiting = self._waiting
+        return waiting is not None and waiting.at_message_boundary
+
+    def call_when_idle(self, callback: Callable[[], object]) -> None:
+        """Call ``callback()`` now if the comm is idle, else as soon as a
+        ``receive()`` is about to wait between messages (in that receive's task,
+        which then checkpoints: a cancellation by the callback is raised there)."""
+        self._callback = callback
+        if self.idle:
+            callback()
 
 
 def _as_frame(buffer: Buffer) -> memoryview:
@@ -103,69 +162,59 @@ class Comm(ObjectStream[Any]):
     """
 
     __slots__ = (
-        "_decoder",
-        "_eof_sent",
+        "_check_cancelled",
+        "_conn",
+        "_hook",
         "_idle_timeout",
         "_local_address",
-        "_on_idle",
-        "_peer",
         "_peer_address",
         "_pending",
-        "_receiving",
-        "_send_max",
-        "_sending",
+        "_receive_guard",
+        "_receiver",
+        "_send_guard",
         "_serializer",
         "_state",
         "_transport",
         "_trio",
-        "_waiting_idle",
-        "_watched",
+        "_yield_due",
     )
 
     def __init__(
         self,
         transport: Transport,
-        decoder: FrameDecoder,
+        conn: Connection,
+        receiver: Receiver,
         serializer: Serializer,
-        peer: Handshake,
         *,
         local_address: str,
         peer_address: str,
         idle_timeout: float | None = None,
+        hook: IdleHook | None = None,
     ) -> None:
+        if conn.peer is None:
+            raise ValueError("the connection's handshake is not complete")
         self._transport = transport
-        self._decoder = decoder
+        self._conn = conn
+        self._receiver = receiver
         self._serializer = serializer
-        self._peer = peer
         self._local_address = local_address
         self._peer_address = peer_address
         self._state = _State.OPEN
-        self._eof_sent = False
+        backend = current_backend()
         # trio's lowlevel module on trio, None on asyncio (the checkpoints are
         # called directly: AnyIO's wrappers look up the backend on every call).
-        self._trio = current_backend().trio
-        # At most one task receives and one sends (anyio.BusyResourceError).
-        self._receiving = False
-        self._sending = False
+        self._trio = backend.trio
+        self._check_cancelled = backend.checkpoint_if_cancelled
+        self._receive_guard = ConflictDetector("receiving from")
+        self._send_guard = ConflictDetector("sending to")
         # The last send completed without yielding to the event loop: the
         # next send yields (see the module docstring).
         self._yield_due = False
-        # A message taken out of the decoder by a receive that was then
-        # cancelled in its final checkpoint; the next receive returns it.
+        # A message taken by a receive that was then cancelled in its final
+        # checkpoint; the next receive returns it.
         self._pending: list[memoryview] | None = None
-        # The largest one-frame message the peer's limits accept (-1: none),
-        # so a one-frame send skips the general limit check.
-        limits = peer.limits
-        self._send_max = (
-            min(limits.max_frame_size, limits.max_message_size) if limits.max_frames >= 1 else -1
-        )
         self._idle_timeout = idle_timeout
-        # Listener shutdown: ``_waiting_idle`` is true while receive() waits at
-        # a message boundary; ``_on_idle`` (set by the listener) is called when
-        # receive() is about to wait there. ``_watched`` selects that path.
-        self._watched = idle_timeout is not None
-        self._waiting_idle = False
-        self._on_idle: Callable[[], object] | None = None
+        self._hook = hook
 
     def __repr__(self) -> str:
         return f"<Comm {self._local_address} -> {self._peer_address} ({self._state.value})>"
@@ -174,18 +223,23 @@ class Comm(ObjectStream[Any]):
 
     @property
     def local_address(self) -> str:
-        """Our end of the connection as an address string (``tcp://127.0.0.1:5000``)."""
+        """Our end of the connection as an address string (``tcp://127.0.0.1:5000``).
+        Also ``comm.extra(CommAttribute.local_address)``."""
         return self._local_address
 
     @property
     def peer_address(self) -> str:
-        """The peer's end of the connection as an address string."""
+        """The peer's end of the connection as an address string.
+        Also ``comm.extra(CommAttribute.peer_address)``."""
         return self._peer_address
 
     @property
     def peer_handshake(self) -> Handshake:
-        """What the peer announced in its preamble (version and receive limits)."""
-        return self._peer
+        """What the peer announced in its preamble (version and receive limits).
+        Also ``comm.extra(CommAttribute.peer_handshake)``."""
+        peer = self._conn.peer
+        assert peer is not None  # checked in __init__
+        return peer
 
     @property
     def idle_timeout(self) -> float | None:
@@ -195,12 +249,17 @@ class Comm(ObjectStream[Any]):
 
     @property
     def closed(self) -> bool:
-        """True after :meth:`aclose` (or once the connection broke)."""
+        """True after :meth:`aclose` or :meth:`abort` (or once the connection broke)."""
         return self._state is not _State.OPEN
 
     @property
-    def extra_attributes(self) -> Mapping[Any, Any]:
-        return self._transport.extra_attributes
+    def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
+        return {
+            **self._transport.extra_attributes,
+            CommAttribute.local_address: lambda: self._local_address,
+            CommAttribute.peer_address: lambda: self._peer_address,
+            CommAttribute.peer_handshake: lambda: self.peer_handshake,
+        }
 
     # -- receiving ---------------------------------------------------------
 
@@ -248,97 +307,89 @@ class Comm(ObjectStream[Any]):
             IdleTimeoutError: nothing arrived for ``idle_timeout`` seconds;
                 the connection is closed.
         """
-        if self._receiving:
-            raise BusyResourceError("receiving from")
-        self._receiving = True
-        try:
+        with self._receive_guard:
             if self._state is not _OPEN:
                 self._check_state()
             frames = self._pending
             if frames is not None:
                 self._pending = None
-                yielded = False
             else:
-                decoder = self._decoder
-                transport = self._transport
-                transport.yielded = False
                 try:
-                    frames = decoder.next_message()
-                    if frames is None and self._trio is None:
-                        # asyncio: a cancellation is delivered to a waiting
-                        # task only while its future is pending, so a wait on
-                        # an already readable socket would not raise it:
-                        # check before waiting (trio's waits are checkpoints).
-                        await checkpoint_if_cancelled()
-                    while frames is None:
-                        if not self._watched:
-                            n = await transport.receive_into(decoder.get_buffer())
-                        elif self._idle_timeout is None and self._on_idle is None:
-                            # A listener's comm with no idle timeout and no
-                            # shutdown under way: only record whether this wait
-                            # is at a message boundary, as _receive_watched
-                            # does, without its extra coroutine frame.
-                            self._waiting_idle = decoder.at_message_boundary
-                            try:
-                                n = await transport.receive_into(decoder.get_buffer())
-                            finally:
-                                self._waiting_idle = False
-                        else:
-                            n = await self._receive_watched(decoder.get_buffer())
-                        if n:
-                            decoder.buffer_updated(n)
-                        else:
-                            decoder.receive_eof()
-                        frames = decoder.next_message()
+                    frames = self._receiver.receive_nowait()
+                    if frames is None:
+                        frames = await self._wait_message()
+                        self._yield_due = False
+                        return frames  # it waited: that was its yield
                 except EndOfData as exc:
                     if exc.truncated:
                         await self._fail()
                         raise BrokenResourceError(str(exc)) from None
                     raise EndOfStream from None
-                except RemoteProtocolError:
+                except (RemoteProtocolError, BrokenResourceError):
                     await self._fail()
                     raise
                 except ClosedResourceError:
                     self._check_state()
                     raise
-                except BrokenResourceError:
-                    await self._fail()
-                    raise
-                yielded = transport.yielded
-            if not yielded:
-                # Nothing waited: yield now. The message is already out of the
-                # decoder, so a cancellation here keeps it for the next call.
-                try:
-                    if self._trio is None:
-                        await asyncio.sleep(0)
-                    else:
-                        await self._trio.checkpoint()
-                except BaseException:
-                    self._pending = frames
-                    raise
+            # Nothing waited: yield now. The message is already taken, so a
+            # cancellation here keeps it for the next call.
+            try:
+                if self._trio is None:
+                    await asyncio.sleep(0)
+                else:
+                    await self._trio.checkpoint()
+            except BaseException:
+                self._pending = frames
+                raise
             self._yield_due = False
             return frames
-        finally:
-            self._receiving = False
 
-    async def _receive_watched(self, buffer: memoryview) -> int:
-        """``transport.receive_into`` with the idle timeout and the shutdown hook."""
-        idle = self._decoder.at_message_boundary
-        if idle and self._on_idle is not None:
-            self._on_idle()  # cancels the listener's handler task ...
-            await checkpoint()  # ... here, before anything is read
-        self._waiting_idle = idle
-        try:
-            if self._idle_timeout is None:
-                return await self._transport.receive_into(buffer)
-            with move_on_after(self._idle_timeout):
-                return await self._transport.receive_into(buffer)
-        finally:
-            self._waiting_idle = False
+    async def _wait_message(self) -> list[memoryview]:
+        """Wait for the next message (none is complete now)."""
+        if self._trio is None:
+            # asyncio: a cancellation is delivered to a waiting task only while
+            # its wake-up is not scheduled yet, so check before waiting (trio's
+            # waits are checkpoints that check first).
+            await self._check_cancelled()
+        receiver = self._receiver
+        watched = self._hook is not None or self._idle_timeout is not None
+        while True:
+            if watched:
+                await self._wait_watched()
+            else:
+                await receiver.wait()
+            frames = receiver.receive_nowait()
+            if frames is not None:
+                return frames
+
+    async def _wait_watched(self) -> None:
+        """``receiver.wait()`` with the idle timeout and the listener's idle hook."""
+        receiver = self._receiver
+        hook = self._hook
+        if hook is not None and receiver.at_message_boundary:
+            hook._waiting = receiver
+            try:
+                if hook._callback is not None:
+                    hook._callback()  # cancels the listener's handler task ...
+                    await checkpoint()  # ... here, before anything is read
+                await self._wait_idle()
+            finally:
+                hook._waiting = None
+        else:
+            await self._wait_idle()
+
+    async def _wait_idle(self) -> None:
+        idle_timeout = self._idle_timeout
+        if idle_timeout is None:
+            await self._receiver.wait()
+            return
+        with move_on_after(idle_timeout):
+            await self._receiver.wait()
+            return
         # Between messages the peer loses nothing: close gracefully (it sees
         # the end of the stream); inside a message, break the connection.
-        await self._fail(graceful=idle)
-        raise IdleTimeoutError(f"nothing received for {self._idle_timeout:g} s")
+        await self._fail(graceful=self._receiver.at_message_boundary)
+        raise IdleTimeoutError(f"nothing received for {idle_timeout:g} s")
 
     # -- sending -----------------------------------------------------------
 
@@ -388,17 +439,13 @@ class Comm(ObjectStream[Any]):
         await self._send([_as_frame(buffer) for buffer in buffers])
 
     async def _send(self, frames: list[memoryview]) -> None:
-        if self._sending:
-            raise BusyResourceError("sending to")
-        self._sending = True
-        try:
+        with self._send_guard:
             if self._state is not _OPEN:
                 self._check_state()
-            if self._eof_sent:
-                raise ClosedResourceError
-            if len(frames) != 1 or frames[0].nbytes > self._send_max:
-                self._peer.limits.check_send([frame.nbytes for frame in frames])
-            iov = encode_message(frames)
+            conn = self._conn
+            if conn.our_state is not _CONN_OPEN:
+                raise ClosedResourceError  # after send_eof()
+            iov = conn.send_message(frames)
             trio_lowlevel = self._trio
             yield_due = self._yield_due
             if trio_lowlevel is not None:
@@ -406,19 +453,19 @@ class Comm(ObjectStream[Any]):
             elif yield_due:
                 await asyncio.sleep(0)
             else:
-                await checkpoint_if_cancelled()
+                await self._check_cancelled()
             transport = self._transport
-            transport.yielded = False
             try:
-                await transport.send_all(iov)
+                waited = await transport.send_all(iov)
             except ClosedResourceError:
                 self._check_state()
                 raise
             except BaseException:
                 if transport.send_interrupted:
+                    conn.send_failed()
                     await self._fail()
                 raise
-            if transport.yielded:
+            if waited:
                 self._yield_due = False
             elif trio_lowlevel is None:
                 self._yield_due = not yield_due
@@ -427,8 +474,6 @@ class Comm(ObjectStream[Any]):
                 await trio_lowlevel.cancel_shielded_checkpoint()
             else:
                 self._yield_due = True
-        finally:
-            self._sending = False
 
     async def send_eof(self) -> None:
         """Tell the peer we will send no more messages; we can still receive.
@@ -444,23 +489,30 @@ class Comm(ObjectStream[Any]):
                 :func:`~anyio_comm.from_stream` comm cannot half-close (the
                 comm stays usable).
         """
-        if self._sending:
-            raise BusyResourceError("sending to")
-        self._sending = True
-        try:
+        with self._send_guard:
             self._check_state()
-            if self._eof_sent:
+            if self._conn.our_state is ConnectionState.CLOSED:
                 return
             try:
                 await self._transport.send_eof()
             except BrokenResourceError:
                 await self._fail()
                 raise
-            self._eof_sent = True
-        finally:
-            self._sending = False
+            self._conn.send_eof()
 
     # -- closing -----------------------------------------------------------
+
+    def abort(self) -> None:
+        """Close the connection at once, without a graceful exchange (no TLS
+        ``close_notify``; the peer may see a reset). Synchronous, so it can run
+        where no await is possible (a ``__del__``, a callback, another
+        framework's close). Idempotent; tasks blocked in :meth:`receive` or
+        :meth:`send` get :exc:`anyio.ClosedResourceError`.
+        """
+        if self._state is not _State.CLOSED:
+            self._state = _State.CLOSED
+            self._receiver.close()
+            self._transport.abort()
 
     async def aclose(self) -> None:
         """Close the connection. Idempotent; tasks blocked in :meth:`receive`
@@ -470,6 +522,7 @@ class Comm(ObjectStream[Any]):
             await cancel_shielded_checkpoint()
             return
         self._state = _State.CLOSED
+        self._receiver.close()
         await self._transport.aclose()
 
     async def _fail(self, *, graceful: bool = False) -> None:
@@ -480,6 +533,7 @@ class Comm(ObjectStream[Any]):
         """
         if self._state is _State.OPEN:
             self._state = _State.BROKEN
+            self._receiver.close()
             with CancelScope(shield=True):
                 if graceful:
                     await self._transport.aclose()
@@ -500,6 +554,7 @@ async def establish(
     *,
     local_address: str,
     peer_address: str,
+    hook: IdleHook | None = None,
 ) -> Comm:
     """Exchange preambles over ``transport`` and return the comm.
 
@@ -512,24 +567,28 @@ async def establish(
             the handshake.
         ssl.SSLError: the TLS handshake failed (TLS transports only).
     """
-    decoder = options.decoder()
+    conn = Connection(
+        options.limits, read_buffer_size=options.read_buffer_size, allocator=options.allocator
+    )
     await transport.handshake()
-    await transport.send_all([encode_preamble(options.limits)])
+    await transport.send_all([conn.preamble()])
     try:
-        while (handshake := decoder.next_handshake()) is None:
-            n = await transport.receive_into(decoder.get_buffer())
+        while conn.next_handshake() is None:
+            n = await transport.receive_into(conn.get_buffer())
             if n:
-                decoder.buffer_updated(n)
+                conn.buffer_updated(n)
             else:
-                decoder.receive_eof()
+                conn.receive_eof()
     except EndOfData as exc:
         raise BrokenResourceError(f"handshake failed: {exc}") from None
+    receiver: Receiver = PullReceiver(transport, conn)
     return Comm(
         transport,
-        decoder,
+        conn,
+        receiver,
         options.serializer(),
-        handshake,
         local_address=local_address,
         peer_address=peer_address,
         idle_timeout=options.idle_timeout,
+        hook=hook,
     )

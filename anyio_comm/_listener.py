@@ -56,7 +56,7 @@ from ._addressing import (
     format_tcp,
     parse_address,
 )
-from ._comm import Comm, establish
+from ._comm import Comm, IdleHook, establish
 from ._compat import final
 from ._connect import configure_socket, resolve_tcp
 from ._exceptions import ProtocolError, RemoteProtocolError
@@ -110,60 +110,67 @@ _ACCEPT_BATCH: Final = 64
 class Listener:
     """A running listener, as yielded by :func:`listen` and started by :func:`serve`."""
 
-    __slots__ = ("_active", "_addresses", "_max_connections", "_server")
+    __slots__ = ("_server",)
 
-    def __init__(
-        self,
-        addresses: list[str],
-        server: _Server | None = None,
-        max_connections: int | None = None,
-    ) -> None:
-        self._addresses = tuple(addresses)
-        self._active = 0
+    def __init__(self, server: _Server) -> None:
         self._server = server
-        self._max_connections = max_connections
 
     def __repr__(self) -> str:
-        return f"<Listener {self.address} ({self._active} connections)>"
+        return f"<Listener {self.address} ({self._server.active} connections)>"
 
     @property
     def address(self) -> str:
         """The contact address, with the real port (``tcp://127.0.0.1:54321``)."""
-        return self._addresses[0]
+        return self._server.addresses[0]
 
     @property
     def addresses(self) -> tuple[str, ...]:
         """Every bound address (a host name may bind IPv4 and IPv6)."""
-        return self._addresses
+        return self._server.addresses
 
     @property
     def active_connections(self) -> int:
         """Connections that completed the handshake and have not closed yet."""
-        return self._active
+        return self._server.active
 
     @property
     def max_connections(self) -> int | None:
         """The most connections open at once (handshaking ones included), or ``None``."""
-        return self._max_connections
+        return self._server.max_connections
+
+    @property
+    def accepting(self) -> bool:
+        """True until :meth:`stop_accepting` or :meth:`shutdown` was called."""
+        return not self._server.accepting_stopped
 
     @property
     def shutting_down(self) -> bool:
         """True once :meth:`shutdown` was called: handlers may check it between messages."""
-        return self._server is not None and self._server.shutdown_started
+        return self._server.shutdown_started
+
+    def stop_accepting(self) -> None:
+        """Stop accepting new connections; established ones live on.
+
+        The listening sockets close (``unix://`` socket files are removed,
+        ``inproc://`` names freed), so new connections are refused. Connections
+        still in their handshake complete it, and every handler keeps running
+        until it returns; leaving the :func:`listen` block (or cancelling
+        :func:`serve`) still cancels them. Idempotent.
+        """
+        self._server.stop_accepting()
 
     async def shutdown(self, grace_period: float = 0.0) -> None:
         """Stop accepting, let the handlers finish, then close every connection.
 
-        In order: the listening sockets close (``unix://`` socket files are
-        removed, ``inproc://`` names freed), so new connections are refused;
-        connections still in their handshake are dropped; handlers waiting in
-        ``receive()`` at a message boundary (between messages) are cancelled
-        now, and so is any handler that calls ``receive()`` later and would
-        wait there; handlers still running after ``grace_period`` seconds are
-        cancelled. Returns once every connection is closed. Calling it again
-        (or concurrently) waits for the same shutdown. Leaving the
-        :func:`listen` block afterwards has nothing left to do, and
-        :func:`serve` returns.
+        In order: the listening sockets close (as :meth:`stop_accepting` does),
+        so new connections are refused; connections still in their handshake
+        are dropped; handlers waiting in ``receive()`` at a message boundary
+        (between messages) are cancelled now, and so is any handler that calls
+        ``receive()`` later and would wait there; handlers still running after
+        ``grace_period`` seconds are cancelled. Returns once every connection
+        is closed. Calling it again (or concurrently) waits for the same
+        shutdown. Leaving the :func:`listen` block afterwards has nothing left
+        to do, and :func:`serve` returns.
 
         Do not call it from a handler of this listener: it would wait for its
         own caller.
@@ -176,8 +183,7 @@ class Listener:
         """
         if not grace_period >= 0:
             raise ValueError(f"grace_period must not be negative, not {grace_period!r}")
-        if self._server is not None:
-            await self._server.shutdown(grace_period)
+        await self._server.shutdown(grace_period)
 
 
 async def _bind_tcp(host: str, port: int, backlog: int) -> list[socket.socket]:
@@ -220,23 +226,22 @@ def _bind_unix(path: str, backlog: int) -> socket.socket:
 
 
 class _Connection:
-    """One connection's task: its cancel scope, and its comm once established."""
+    """One connection's task: its cancel scope, and whether its comm is established."""
 
-    __slots__ = ("comm", "scope")
+    __slots__ = ("established", "hook", "scope")
 
     def __init__(self) -> None:
         self.scope = CancelScope()
-        self.comm: Comm | None = None
+        self.hook = IdleHook()
+        self.established = False
 
     def cancel_if_idle(self) -> None:
-        comm = self.comm
-        if comm is None:  # still in the handshake
+        """Cancel the task now if it is in its handshake or its handler waits
+        between messages, else as soon as it does."""
+        if not self.established:
             self.scope.cancel()
-            return
-        comm._on_idle = self.scope.cancel
-        comm._watched = True
-        if comm._waiting_idle:
-            self.scope.cancel()
+        else:
+            self.hook.call_when_idle(self.scope.cancel)
 
 
 class _Server:
@@ -258,11 +263,16 @@ class _Server:
         self.keepalive = keepalive
         self.scheme = "tls" if ssl_context is not None else "tcp"
         self.task_group: TaskGroup | None = None
-        self.listener = Listener([])
+        self.listener = Listener(self)
+        self.addresses: tuple[str, ...] = ()
+        self.max_connections = max_connections
         self.limiter = CapacityLimiter(max_connections) if max_connections else None
         self.connections: set[_Connection] = set()
+        self.active = 0  # connections whose handler runs
         self.accept_scope = CancelScope()
-        self.stop_accepting: Callable[[], None] = lambda: None
+        # closes the listening sockets (set by listen() once they exist)
+        self.close_listening: Callable[[], None] = lambda: None
+        self.accepting_stopped = False
         self.shutdown_started = False
         self.all_closed = Event()
         self.stopped = Event()
@@ -310,7 +320,7 @@ class _Server:
                 limiter.release_on_behalf_of(slot)
 
     def _spawn(self, transport: Transport, local: str, peer: str, slot: object | None) -> None:
-        if self.task_group is None or self.shutdown_started:
+        if self.task_group is None or self.accepting_stopped:
             raise RuntimeError("the listener is not running")
         self.task_group.start_soon(
             self.run_connection, transport, local, peer, slot, name=f"anyio_comm {peer}"
@@ -334,7 +344,7 @@ class _Server:
 
     def start_inproc_connection(self, stream: MemoryByteStream, peer: str) -> None:
         # inproc connections take their max_connections slot in their own task
-        self._spawn(StreamTransport(stream), self.listener.address, peer, None)
+        self._spawn(StreamTransport(stream), self.addresses[0], peer, None)
 
     async def run_connection(
         self, transport: Transport, local: str, peer: str, slot: object | None
@@ -364,7 +374,11 @@ class _Server:
         try:
             with anyio.fail_after(self.handshake_timeout):
                 comm = await establish(
-                    transport, self.options, local_address=local, peer_address=peer
+                    transport,
+                    self.options,
+                    local_address=local,
+                    peer_address=peer,
+                    hook=connection.hook,
                 )
         except _HANDSHAKE_ERRORS as exc:
             transport.abort()
@@ -373,10 +387,8 @@ class _Server:
         except BaseException:
             transport.abort()
             raise
-        connection.comm = comm  # (a shutdown during the handshake cancelled the scope)
-        comm._watched = True  # track waits at a message boundary, for shutdown()
-        listener = self.listener
-        listener._active += 1
+        connection.established = True  # (a shutdown during the handshake cancelled the scope)
+        self.active += 1
         try:
             try:
                 await self.handler(comm)
@@ -385,13 +397,17 @@ class _Server:
             except Exception:
                 logger.exception("connection handler for %s raised", peer)
         finally:
-            listener._active -= 1
+            self.active -= 1
             await comm.aclose()
+
+    def stop_accepting(self) -> None:
+        self.accepting_stopped = True
+        self.accept_scope.cancel()
+        self.close_listening()
 
     async def shutdown(self, grace_period: float) -> None:
         if not self.shutdown_started:
             self.shutdown_started = True
-            self.accept_scope.cancel()
             self.stop_accepting()
             for connection in list(self.connections):
                 connection.cancel_if_idle()
@@ -503,7 +519,7 @@ async def listen(
     inproc_name: str | None = None
     body_error: Exception | None = None
 
-    def stop_accepting() -> None:
+    def close_listening() -> None:
         if inproc_name is not None:
             unregister(inproc_name)
         _close_listening(sockets, unix_path, inode)
@@ -526,8 +542,8 @@ async def listen(
         if parsed.scheme == "inproc":
             inproc_name = register(parsed.path, server.start_inproc_connection)
             addresses = [f"inproc://{inproc_name}"]
-        server.listener = Listener(addresses, server, max_connections)
-        server.stop_accepting = stop_accepting
+        server.addresses = tuple(addresses)
+        server.close_listening = close_listening
         async with anyio.create_task_group() as task_group:
             server.task_group = task_group
             task_group.start_soon(server.accept_loops, sockets, name=f"accept {addresses[0]}")
@@ -539,7 +555,7 @@ async def listen(
                 body_error = exc
             task_group.cancel_scope.cancel()
     finally:
-        stop_accepting()
+        close_listening()
     if body_error is not None:
         raise body_error
 
@@ -585,5 +601,4 @@ async def serve(
         ssl_context=ssl_context,
     ) as listener:
         task_status.started(listener)
-        assert listener._server is not None
         await listener._server.stopped.wait()

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ._sansio.decoder import DEFAULT_READ_BUFFER_SIZE, FrameDecoder, check_read_buffer_size
+from ._sansio.decoder import DEFAULT_READ_BUFFER_SIZE, check_read_buffer_size
 from ._sansio.serialization import DEFAULT_OOB_THRESHOLD, Serializer
 from ._sansio.wire import Limits
 
@@ -30,11 +30,6 @@ class CommOptions:
         check_read_buffer_size(self.read_buffer_size)
         self.serializer()
         check_seconds("idle_timeout", self.idle_timeout)
-
-    def decoder(self) -> FrameDecoder:
-        return FrameDecoder(
-            self.limits, read_buffer_size=self.read_buffer_size, allocator=self.allocator
-        )
 
     def serializer(self) -> Serializer:
         return Serializer(oob_threshold=self.oob_threshold, allow_pickle=self.allow_pickle)

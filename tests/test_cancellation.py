@@ -287,11 +287,11 @@ def delay_writes(comm: Comm, turns: int) -> None:
     inner = getattr(transport, "_inner", transport)
     send_all = inner.send_all
 
-    async def slow_send_all(buffers: Any) -> None:
-        inner.yielded = True
+    async def slow_send_all(buffers: Any) -> bool:
         for _ in range(turns):
             await checkpoint()  # nothing written yet: cancelling here loses nothing
         await send_all(buffers)
+        return True  # it waited
 
     inner.send_all = slow_send_all  # type: ignore[method-assign]
 

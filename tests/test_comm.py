@@ -15,7 +15,13 @@ from anyio import (
 )
 from anyio.abc import SocketAttribute
 
-from anyio_comm import Limits, LocalProtocolError, RemoteProtocolError, SerializationError
+from anyio_comm import (
+    CommAttribute,
+    Limits,
+    LocalProtocolError,
+    RemoteProtocolError,
+    SerializationError,
+)
 
 from .helpers import TRANSPORTS, connected_pair
 
@@ -134,6 +140,44 @@ async def test_close_wakes_blocked_sender(kind: str) -> None:
                 while True:  # the peer does not read: some send blocks, then we close
                     await client.send_frames([b"x" * 1_000_000])
         assert client.closed
+
+
+async def test_abort_is_synchronous_and_wakes_both_directions(kind: str) -> None:
+    if kind == "anyio-tcp-stream":
+        pytest.skip("asyncio's transports may take every write into their own buffer")
+    async with connected_pair(kind) as (client, server):
+        outcomes: list[type[BaseException]] = []
+
+        async def expect_closed(operation: object) -> None:
+            with anyio.fail_after(10):
+                try:
+                    while True:  # a blocked receive, or sends until one blocks
+                        await operation()  # type: ignore[operator]
+                except (ClosedResourceError, BrokenResourceError) as exc:
+                    outcomes.append(type(exc))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(expect_closed, client.receive)
+            tg.start_soon(expect_closed, lambda: client.send_frames([b"x" * 1_000_000]))
+            await wait_all_tasks_blocked()
+            client.abort()  # no await: callable from synchronous code
+            client.abort()  # idempotent
+        assert outcomes.count(ClosedResourceError) >= 1 and len(outcomes) == 2
+        assert client.closed
+        await client.aclose()  # a no-op now
+        with pytest.raises(ClosedResourceError):
+            await client.send(1)
+        with anyio.fail_after(10), pytest.raises((EndOfStream, BrokenResourceError)):
+            while True:  # the peer sees the connection end (a reset over TCP)
+                await server.receive_frames()
+
+
+async def test_typed_attributes(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        assert client.extra(CommAttribute.local_address) == client.local_address
+        assert client.extra(CommAttribute.peer_address) == client.peer_address
+        assert server.extra(CommAttribute.peer_handshake) == server.peer_handshake
+        assert client.peer_handshake.limits == Limits()
 
 
 async def test_concurrent_receive_and_send_are_busy(kind: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import socket
 import warnings
 
 import anyio
@@ -28,16 +29,16 @@ async def test_large_frames_are_received_into_their_own_buffer() -> None:
         transport = server._transport
         assert isinstance(transport, SocketTransport)
         direct = 0
-        original = transport.receive_into
+        original = transport.receive_into_nowait
 
-        async def spy(buffer: memoryview) -> int:
+        def spy(buffer: memoryview) -> int | None:
             nonlocal direct
-            n = await original(buffer)
-            if allocated and buffer.obj is allocated[-1]:
+            n = original(buffer)
+            if n and allocated and buffer.obj is allocated[-1]:
                 direct += n
             return n
 
-        transport.receive_into = spy  # type: ignore[method-assign]
+        transport.receive_into_nowait = spy  # type: ignore[method-assign]
         payload = bytes(range(256)) * 40_000  # 10 MB
         async with anyio.create_task_group() as tg:
             tg.start_soon(client.send_frames, [payload])
@@ -147,3 +148,31 @@ async def test_comm_dropped_without_closing_frees_its_descriptor_number(transpor
                     assert await comm.receive() == i
     if not reused:
         pytest.skip(f"descriptor {fd} was not given to a later connection")
+
+
+async def test_socket_transport_is_an_anyio_socket_stream() -> None:
+    """The transport is an AnyIO SocketStream: the byte-stream methods work, and its
+    socket attributes are AnyIO's own."""
+    listener = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with listener:
+        port = listener.extra(SocketAttribute.local_port)
+        accepted: list[anyio.abc.SocketStream] = []
+
+        async def accept() -> None:
+            accepted.append(await listener.listeners[0].accept())  # type: ignore[attr-defined]
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(accept)
+            sock = socket.create_connection(("127.0.0.1", port))
+        transport = SocketTransport(sock)
+        async with transport, accepted[0] as peer:
+            assert isinstance(transport, anyio.abc.SocketStream)
+            assert transport.extra(SocketAttribute.remote_port) == port
+            assert transport.extra(SocketAttribute.raw_socket) is sock
+            await transport.send(b"ping")
+            assert await peer.receive() == b"ping"
+            await peer.send(b"pong")
+            assert await transport.receive(100) == b"pong"
+            await peer.send_eof()
+            with pytest.raises(anyio.EndOfStream):
+                await transport.receive()

@@ -339,3 +339,35 @@ async def test_shutdown_after_leaving_listen_returns_at_once() -> None:
     with anyio.fail_after(5):
         await listener.shutdown(10)
     assert listener.shutting_down
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_stop_accepting_keeps_established_connections(kind: str) -> None:
+    """stop_accepting() refuses newcomers; established comms go on until their
+    handlers return; serve() keeps running until cancelled."""
+    server_options, client_options = tls_options(kind)
+
+    async def echo(comm: Comm) -> None:
+        async for message in comm:
+            await comm.send(message)
+
+    async with listen_address(kind) as address, anyio.create_task_group() as tg:
+        listener = await tg.start(
+            lambda task_status: anyio_comm.serve(
+                address, echo, task_status=task_status, **server_options
+            )
+        )
+        async with await anyio_comm.connect(listener.address, timeout=10, **client_options) as a:
+            assert listener.accepting
+            listener.stop_accepting()
+            listener.stop_accepting()  # idempotent
+            assert not listener.accepting and not listener.shutting_down
+            with pytest.raises((*refused_errors(), OSError)):
+                await anyio_comm.connect(listener.address, timeout=5, **client_options)
+            for i in range(3):
+                await a.send(i)
+                with anyio.fail_after(10):
+                    assert await a.receive() == i
+            assert listener.active_connections == 1
+        await wait_until(lambda: listener.active_connections == 0, "the handler returned")
+        tg.cancel_scope.cancel()

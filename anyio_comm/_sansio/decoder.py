@@ -39,12 +39,18 @@ calling it stops the reads from the socket.
 All state lives in the decoder, so an I/O operation that is cancelled between
 ``get_buffer`` and ``buffer_updated`` (nothing was written) loses nothing: the
 next call resumes where it stopped.
+
+The end is sticky: once :meth:`FrameDecoder.next_message` (or
+:meth:`FrameDecoder.next_handshake`) has raised :exc:`RemoteProtocolError` or
+:exc:`EndOfData`, every later call raises the same error again (a new
+exception object with the same message), and the decoder accepts no more
+bytes. Bytes after a bad header are never parsed as a header of their own.
 """
 
 from __future__ import annotations
 
 import enum
-from typing import Final
+from typing import Final, NoReturn
 
 from .buffers import Allocator, allocate, default_allocator
 from .errors import RemoteProtocolError
@@ -95,6 +101,7 @@ class _State(enum.Enum):
     COUNT = "frame count"
     LENGTHS = "frame lengths"
     FRAME = "frame"
+    ENDED = "ended"  # an error or the end of the stream was raised: see _stop
 
 
 def _describe(data: memoryview) -> str:
@@ -121,6 +128,7 @@ class FrameDecoder:
         "_direct",
         "_direct_threshold",
         "_end",
+        "_end_error",
         "_eof",
         "_fast_alloc",
         "_fast_max",
@@ -161,6 +169,8 @@ class FrameDecoder:
         self._direct_threshold = read_buffer_size // 4
         self._eof = False
         self._state = _State.PREAMBLE
+        # what ended the stream (raised again by every later call), once ENDED
+        self._end_error: RemoteProtocolError | EndOfData | None = None
         self._target: memoryview | None = None
         self._filled = 0
         self._lengths: tuple[int, ...] = ()
@@ -176,6 +186,11 @@ class FrameDecoder:
         """True when no part of a message has been received."""
         return self._state is _State.COUNT and self._start == self._end
 
+    @property
+    def end_error(self) -> RemoteProtocolError | EndOfData | None:
+        """What ended the stream (a protocol error or the end of data), or ``None``."""
+        return self._end_error
+
     # -- feeding -----------------------------------------------------------
 
     def get_buffer(self) -> memoryview:
@@ -186,6 +201,9 @@ class FrameDecoder:
         :meth:`buffer_updated` with the number written (or nothing, if the
         read was abandoned: nothing is lost).
         """
+        if self._state is _State.ENDED:
+            self._start = self._end = 0  # after the end nothing is parsed: discard
+            return self._view
         target = self._target
         if target is not None and self._start == self._end:
             missing = target.nbytes - self._filled
@@ -248,12 +266,22 @@ class FrameDecoder:
 
         Raises:
             RemoteProtocolError: wrong magic, unsupported version or malformed
-                preamble (raised as soon as the first wrong byte arrives).
+                preamble (raised as soon as the first wrong byte arrives; every
+                later call raises it again).
             EndOfData: the stream ended before the preamble was complete.
             RuntimeError: the preamble was already parsed.
         """
         if self._state is not _State.PREAMBLE:
+            if self._state is _State.ENDED:
+                self._raise_again()
             raise RuntimeError("the preamble has already been received")
+        try:
+            return self._parse_preamble()
+        except (RemoteProtocolError, EndOfData) as exc:
+            self._stop(exc)
+            raise
+
+    def _parse_preamble(self) -> Handshake | None:
         start = self._start
         avail = self._end - start
         head = self._view[start : start + min(avail, len(MAGIC))]
@@ -288,9 +316,10 @@ class FrameDecoder:
         Each frame is a ``memoryview`` over its own exact-size buffer.
 
         Raises:
-            RemoteProtocolError: a header violates our limits.
+            RemoteProtocolError: a header violates our limits (and so does
+                every later call: the error is sticky).
             EndOfData: the stream ended (``truncated`` tells whether a message
-                was cut off).
+                was cut off); every later call raises it again.
             RuntimeError: the preamble was not parsed yet.
         """
         state = self._state
@@ -310,6 +339,17 @@ class FrameDecoder:
                 return None  # between messages, nothing buffered: need data
         elif state is _State.PREAMBLE:
             raise RuntimeError("call next_handshake() before next_message()")
+        elif state is _State.ENDED:
+            self._raise_again()
+        try:
+            return self._next_message()
+        except (RemoteProtocolError, EndOfData) as exc:
+            self._stop(exc)
+            raise
+
+    def _next_message(self) -> list[memoryview] | None:
+        """The general path of :meth:`next_message`: any state, any message shape."""
+        state = self._state
         view = self._view
         while True:
             if state is _State.COUNT:
@@ -401,6 +441,20 @@ class FrameDecoder:
         self._lengths = ()
         self._state = _State.COUNT
         return frames
+
+    def _stop(self, error: RemoteProtocolError | EndOfData) -> None:
+        """Enter the final state: every later call raises ``error`` again."""
+        self._state = _State.ENDED
+        self._end_error = error
+        self._target = None
+        self._frames = []
+        self._start = self._end = 0
+
+    def _raise_again(self) -> NoReturn:
+        error = self._end_error
+        if isinstance(error, EndOfData):
+            raise EndOfData(str(error), truncated=error.truncated)
+        raise RemoteProtocolError(str(error))
 
     def _check_eof(self, what: str) -> None:
         """Raise EndOfData if no more data will come; else return (need data)."""

@@ -1,4 +1,17 @@
-"""The transport interface the comm layer drives."""
+"""The transport interface: what moves bytes under a comm.
+
+Receiving is split in two, so that the caller always knows whether it yielded
+to the event loop, and so that the same non-blocking step can run in a task
+(:class:`~anyio_comm._receivers.PullReceiver`) or in an event-loop callback
+(:class:`~anyio_comm._receivers.PushReceiver`):
+
+* :meth:`Transport.receive_into_nowait` never waits: it returns what it could
+  receive now, or ``None``;
+* :meth:`Transport.wait_readable` waits until the next attempt may succeed.
+
+Sending is one call, :meth:`Transport.send_all`, which tries the system call
+first and waits only when the socket is full; it returns whether it waited.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +22,7 @@ from anyio import TypedAttributeProvider
 from anyio.abc import AsyncResource
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     from .._sansio._buffer import Buffer
 
@@ -17,37 +30,26 @@ __all__ = ["Transport"]
 
 
 class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
-    """A bidirectional byte transport with receive-into and gather-send.
+    """A bidirectional byte transport with receive-into and gather-send."""
 
-    Checkpoint contract: a transport operation may complete without ever
-    yielding to the event loop (the raw socket transport tries the system call
-    first). It sets :attr:`yielded` to ``True`` whenever it did yield; the comm
-    layer resets the flag, and yields once per message when nothing yielded
-    (see the scheduling notes in ``_comm.py``), so a fast peer cannot starve
-    the event loop.
-
-    Attributes:
-        yielded: set to ``True`` by any operation that yielded to the loop.
-        send_interrupted: set to ``True`` when :meth:`send_all` was
-            interrupted (cancelled or failed) after it may have written part
-            of its data; the byte stream is then unusable for framing.
-    """
-
-    __slots__ = ("send_interrupted", "yielded")
-
-    def __init__(self) -> None:
-        self.yielded = False
-        self.send_interrupted = False
+    __slots__ = ()
 
     async def handshake(self) -> None:
         """Run the transport's own handshake, if any (TLS); a no-op by default."""
 
+    def fileno(self) -> int:
+        """The socket whose readability :meth:`wait_readable` waits for, or -1 when
+        there is none (a byte stream): then only :meth:`wait_readable` can wait."""
+        return -1
+
     @abstractmethod
-    async def receive_into(self, buffer: memoryview) -> int:
-        """Receive up to ``len(buffer)`` bytes into ``buffer``.
+    def receive_into_nowait(self, buffer: memoryview) -> int | None:
+        """Receive up to ``len(buffer)`` bytes into ``buffer`` without waiting.
 
         Returns:
-            the number of bytes written; 0 means the peer sent EOF.
+            The number of bytes written; 0 at the end of the peer's stream;
+            ``None`` when nothing can be received now (then wait with
+            :meth:`wait_readable`).
 
         Raises:
             anyio.ClosedResourceError: the transport was closed by us.
@@ -55,16 +57,73 @@ class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
         """
 
     @abstractmethod
-    async def send_all(self, buffers: Sequence[Buffer]) -> None:
-        """Send every byte of ``buffers``, in order.
+    async def wait_readable(self) -> None:
+        """Wait until :meth:`receive_into_nowait` may return something. Always
+        yields to the event loop, and is a cancellation point.
 
-        If cancelled before any byte was written, nothing was sent; otherwise
-        :attr:`send_interrupted` is set.
+        Raises:
+            anyio.ClosedResourceError: the transport was closed (by us, from
+                any task, also while waiting).
+            anyio.BrokenResourceError: the connection failed.
+            anyio.BusyResourceError: another task is already waiting.
+        """
+
+    def start_reading(self, callback: Callable[[], None]) -> bool:  # noqa: ARG002
+        """Have the event loop call ``callback()`` whenever bytes may be waiting,
+        until :meth:`stop_reading`; the callback then receives them with
+        :meth:`receive_into_nowait`. The transport holds ``callback`` (a bound
+        method) weakly: its object going away stops the reading.
+
+        Returns:
+            False when the transport cannot (trio has no readiness callbacks; a
+            byte stream has no socket): then wait with :meth:`wait_readable`.
+        """
+        return False
+
+    def stop_reading(self) -> None:
+        """Stop the callbacks of :meth:`start_reading` (no error if not reading)."""
+
+    def readable(self) -> None:
+        """Called by the :meth:`start_reading` callback: the event loop reported
+        the socket readable, so the next :meth:`receive_into_nowait` must try
+        it even if the previous one found it empty."""
+
+    async def receive_into(self, buffer: memoryview) -> int:
+        """Receive at least one byte into ``buffer``, waiting if need be.
+
+        Returns:
+            The number of bytes written; 0 at the end of the peer's stream.
 
         Raises:
             anyio.ClosedResourceError: the transport was closed by us.
             anyio.BrokenResourceError: the connection failed.
         """
+        while (n := self.receive_into_nowait(buffer)) is None:
+            await self.wait_readable()
+        return n
+
+    @abstractmethod
+    async def send_all(self, buffers: Sequence[Buffer]) -> bool:
+        """Send every byte of ``buffers``, in order.
+
+        Tries to write at once, and waits only while the peer's socket buffer is
+        full. If it fails or is cancelled after it may have written part of the
+        data, :attr:`send_interrupted` becomes true: the byte stream is then
+        unusable for framing.
+
+        Returns:
+            Whether it waited (yielded to the event loop) on the way.
+
+        Raises:
+            anyio.ClosedResourceError: the transport was closed by us.
+            anyio.BrokenResourceError: the connection failed.
+        """
+
+    @property
+    def send_interrupted(self) -> bool:
+        """True once a :meth:`send_all` failed or was cancelled after it may
+        have written part of its data."""
+        return False
 
     @abstractmethod
     async def send_eof(self) -> None:
@@ -76,4 +135,6 @@ class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
 
     @abstractmethod
     def abort(self) -> None:
-        """Close the transport immediately, without any graceful exchange."""
+        """Close the transport immediately, without any graceful exchange; idempotent.
+        A task blocked in :meth:`wait_readable` or :meth:`send_all` gets
+        :exc:`anyio.ClosedResourceError`."""

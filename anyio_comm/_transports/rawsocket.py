@@ -7,17 +7,20 @@ and on asyncio their socket belongs to an asyncio transport. This transport
 owns the socket and uses only AnyIO's event-loop primitives, so the same code
 runs on asyncio, uvloop and trio:
 
-* receive: try ``sock.recv_into(buffer)``; only on ``BlockingIOError`` wait
-  with :func:`anyio.wait_readable`, then try again. When the previous read
+* receive: :meth:`~SocketTransport.receive_into_nowait` calls
+  ``sock.recv_into(buffer)`` and returns ``None`` on ``EAGAIN``;
+  :meth:`~SocketTransport.wait_readable` waits for the socket. When a read
   returned less than it asked for, the socket was empty then and, in a
-  request/reply exchange, almost always still is: such a read waits for
-  readability first, which saves a ``recv`` failing with ``EAGAIN`` (a system
-  call and an exception) per message;
+  request/reply exchange, almost always still is: the next attempt returns
+  ``None`` without the system call until a wait (or the event loop's
+  readiness callback, :meth:`~SocketTransport.readable`) says otherwise. That
+  saves a ``recv`` failing with ``EAGAIN`` (a system call and an exception)
+  per message;
 * send: ``sock.sendmsg`` over at most ``IOV_MAX`` buffers, advancing over
-  partial writes without copying; on ``BlockingIOError`` wait with
+  partial writes without copying; on ``EAGAIN`` wait with
   :func:`anyio.wait_writable`;
 * close: mark closed, :func:`anyio.notify_closing` (wakes a task blocked on
-  the socket with ``ClosedResourceError``), cancel any wait still pending, then
+  the socket, whichever task it is, with ``ClosedResourceError``), then
   ``sock.close()``.
 
 On asyncio and uvloop, :func:`anyio.wait_readable` registers the socket with
@@ -32,6 +35,9 @@ never spins the loop; the next wait registers again.
 
 The kernel's socket buffers are the only buffering: a peer that stops reading
 makes ``sendmsg`` return ``EAGAIN`` and our sender waits (backpressure).
+
+The transport is also an AnyIO :class:`~anyio.abc.SocketStream`, which
+provides its socket attributes (:class:`anyio.abc.SocketAttribute`).
 """
 
 from __future__ import annotations
@@ -40,25 +46,26 @@ import asyncio
 import errno
 import os
 import socket
+import weakref
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 from anyio import (
     BrokenResourceError,
     BusyResourceError,
-    CancelScope,
     ClosedResourceError,
+    EndOfStream,
     notify_closing,
     wait_readable,
     wait_writable,
 )
-from anyio.abc import SocketAttribute
+from anyio.abc import SocketStream
 
 from .._backend import current_backend
 from .base import Transport
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Sequence
     from types import ModuleType
 
     from .._sansio._buffer import Buffer
@@ -73,27 +80,35 @@ except (AttributeError, ValueError, OSError):  # pragma: no cover
 _HAS_SENDMSG: Final = hasattr(socket.socket, "sendmsg")
 
 
-def _socket_address(family: int, address: Any) -> Any:
-    if family in (socket.AF_INET, socket.AF_INET6):
-        return tuple(address[:2])
-    if isinstance(address, bytes):  # abstract Unix socket
-        return address.decode(errors="surrogateescape")
-    return address
-
-
 class _LoopReader:
-    """Waits for readability with a registration kept across waits (asyncio only)."""
+    """The socket's reader registration with an asyncio event loop, kept across waits.
 
-    __slots__ = ("_fd", "_future", "_idle_wakeups", "_loop", "_registered")
+    Two modes: :meth:`wait` returns a future done at the next readiness (a task
+    waits); :meth:`start` calls a callback at every readiness until
+    :meth:`unregister` (a callback-driven receiver). The callback is held
+    through a weak reference, so that the event loop, which holds this object,
+    does not keep the receiver (and the socket) alive.
+    """
+
+    __slots__ = ("_callback", "_fd", "_future", "_idle_wakeups", "_loop", "_registered")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
         self._loop = loop
         self._fd = fd
         self._future: asyncio.Future[None] | None = None
+        self._callback: weakref.WeakMethod[Callable[[], None]] | None = None
         self._registered = False
         self._idle_wakeups = 0
 
     def _on_readable(self) -> None:
+        if self._callback is not None:
+            callback = self._callback()
+            if callback is not None:
+                callback()
+                return
+            self._callback = None  # its receiver is gone
+            self.unregister()
+            return
         future = self._future
         if future is not None:
             self._future = None
@@ -124,6 +139,17 @@ class _LoopReader:
             self._registered = True
         return future
 
+    def start(self, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` (a bound method, held weakly) at every readiness.
+
+        Raises:
+            NotImplementedError: the event loop has no ``add_reader``.
+        """
+        self._callback = weakref.WeakMethod(callback)
+        if not self._registered:
+            self._loop.add_reader(self._fd, self._on_readable)
+            self._registered = True
+
     def unregister(self) -> None:
         if self._registered:
             self._registered = False
@@ -148,33 +174,30 @@ class _LoopReader:
             future.set_result(None)
 
 
-class SocketTransport(Transport):
+class SocketTransport(Transport, SocketStream):
     """Byte transport over a connected stream socket that this object owns."""
 
     __slots__ = (
         "_closed",
         "_drained",
-        "_on_asyncio",
         "_reader",
+        "_send_interrupted",
         "_sock",
         "_trio",
         "_trio_busy",
         "_trio_closed",
-        "_wait_scopes",
     )
 
     def __init__(self, sock: socket.socket) -> None:
-        super().__init__()
         sock.setblocking(False)
         self._sock = sock
         self._closed = False
+        self._send_interrupted = False
         # The last recv returned less than it asked for: the socket was empty.
         self._drained = False
-        self._wait_scopes: set[CancelScope] = set()
         backend = current_backend()
         loop = backend.loop
         self._reader = _LoopReader(loop, sock.fileno()) if loop is not None else None
-        self._on_asyncio = loop is not None
         # trio's lowlevel module and exceptions on trio, None on asyncio.
         self._trio: ModuleType | None = backend.trio
         self._trio_closed: type[Exception] = ClosedResourceError
@@ -195,25 +218,11 @@ class SocketTransport(Transport):
             reader.release()
 
     @property
-    def extra_attributes(self) -> Mapping[Any, Any]:
-        sock = self._sock
-        family = sock.family
-        attributes: dict[Any, Any] = {
-            SocketAttribute.family: lambda: family,
-            SocketAttribute.local_address: lambda: _socket_address(family, sock.getsockname()),
-            SocketAttribute.raw_socket: lambda: sock,
-        }
-        try:
-            peer = sock.getpeername()
-        except OSError:
-            peer = None
-        if peer is not None:
-            attributes[SocketAttribute.remote_address] = lambda: _socket_address(family, peer)
-        if family in (socket.AF_INET, socket.AF_INET6):
-            attributes[SocketAttribute.local_port] = lambda: sock.getsockname()[1]
-            if peer is not None:
-                attributes[SocketAttribute.remote_port] = lambda: peer[1]
-        return attributes
+    def _raw_socket(self) -> socket.socket:
+        return self._sock
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
 
     def _translate(self, exc: OSError) -> Exception:
         if self._closed or exc.errno == errno.EBADF:
@@ -221,7 +230,8 @@ class SocketTransport(Transport):
         return BrokenResourceError(f"connection failed: {exc}")
 
     async def _wait(self, readable: bool) -> None:
-        self.yielded = True
+        if self._closed:
+            raise ClosedResourceError
         if readable and self._reader is not None:
             try:
                 await self._reader.wait()  # abort() wakes it through reader.close()
@@ -245,38 +255,60 @@ class SocketTransport(Transport):
                 raise ClosedResourceError from None
             except self._trio_busy:
                 raise BusyResourceError("reading from" if readable else "writing to") from None
+        elif readable:
+            await wait_readable(self._sock)
         else:
-            wait = wait_readable if readable else wait_writable
-            # asyncio: anyio's notify_closing() only finds waits registered in
-            # the calling task's context, so abort() also cancels this scope.
-            with CancelScope() as scope:
-                self._wait_scopes.add(scope)
-                try:
-                    await wait(self._sock)
-                finally:
-                    self._wait_scopes.discard(scope)
+            await wait_writable(self._sock)
         if self._closed:
             raise ClosedResourceError
 
-    async def receive_into(self, buffer: memoryview) -> int:
-        sock = self._sock
-        if self._drained:
-            await self._wait(readable=True)
-        while True:
-            if self._closed:
-                raise ClosedResourceError
-            try:
-                n = sock.recv_into(buffer)
-            except BlockingIOError:
-                pass
-            except OSError as exc:
-                raise self._translate(exc) from exc
-            else:
-                self._drained = n < buffer.nbytes
-                return n
-            await self._wait(readable=True)
+    # -- receiving -----------------------------------------------------------
 
-    async def send_all(self, buffers: Sequence[Buffer]) -> None:
+    def receive_into_nowait(self, buffer: memoryview) -> int | None:
+        if self._closed:
+            raise ClosedResourceError
+        if self._drained:
+            return None
+        try:
+            n = self._sock.recv_into(buffer)
+        except BlockingIOError:
+            self._drained = True
+            return None
+        except OSError as exc:
+            raise self._translate(exc) from exc
+        self._drained = n < buffer.nbytes
+        return n
+
+    async def wait_readable(self) -> None:
+        self._drained = False
+        await self._wait(readable=True)
+
+    def readable(self) -> None:
+        """The event loop said the socket is readable: the next attempt tries it."""
+        self._drained = False
+
+    def start_reading(self, callback: Callable[[], None]) -> bool:
+        reader = self._reader
+        if reader is None or self._closed:
+            return False
+        try:
+            reader.start(callback)
+        except NotImplementedError:  # no add_reader (Windows' proactor loop)
+            self._reader = None
+            return False
+        return True
+
+    def stop_reading(self) -> None:
+        if self._reader is not None:
+            self._reader.unregister()
+
+    # -- sending -------------------------------------------------------------
+
+    @property
+    def send_interrupted(self) -> bool:
+        return self._send_interrupted
+
+    async def send_all(self, buffers: Sequence[Buffer]) -> bool:
         sock = self._sock
         if len(buffers) == 1 and not self._closed:
             # Fast path: one buffer (a small message joined with its header)
@@ -287,11 +319,11 @@ class SocketTransport(Transport):
             except BlockingIOError:
                 sent = 0
             except OSError as exc:
-                self.send_interrupted = True
+                self._send_interrupted = True
                 raise self._translate(exc) from exc
             size = len(data) if type(data) is bytes else memoryview(data).nbytes
             if sent == size:
-                return
+                return False
             if sent:
                 buffers = [memoryview(data)[sent:]]
                 sent_any = True
@@ -302,6 +334,7 @@ class SocketTransport(Transport):
         pending: list[Any] = list(buffers)
         first = 0
         count = len(pending)
+        waited = False
         while first < count:
             if self._closed:
                 raise ClosedResourceError
@@ -311,15 +344,16 @@ class SocketTransport(Transport):
                 else:
                     sent = sock.sendmsg(pending[first : first + IOV_MAX])
             except BlockingIOError:
+                waited = True
                 try:
                     await self._wait(readable=False)
                 except BaseException:
                     if sent_any:
-                        self.send_interrupted = True
+                        self._send_interrupted = True
                     raise
                 continue
             except OSError as exc:
-                self.send_interrupted = True
+                self._send_interrupted = True
                 raise self._translate(exc) from exc
             sent_any = True
             while sent:
@@ -330,6 +364,7 @@ class SocketTransport(Transport):
                 else:
                     pending[first] = memoryview(pending[first])[sent:]
                     sent = 0
+        return waited
 
     async def send_eof(self) -> None:
         # The cancellation point comes first: once the FIN is out, returning
@@ -342,6 +377,34 @@ class SocketTransport(Transport):
         except OSError as exc:
             raise self._translate(exc) from exc
 
+    # -- anyio.abc.SocketStream ------------------------------------------------
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        """Receive up to ``max_bytes`` bytes (the AnyIO byte-stream interface).
+
+        Raises:
+            anyio.EndOfStream: the peer closed its side.
+            anyio.ClosedResourceError: the transport was closed by us.
+            anyio.BrokenResourceError: the connection failed.
+        """
+        buffer = bytearray(max_bytes)
+        n = await self.receive_into(memoryview(buffer))
+        if not n:
+            raise EndOfStream
+        del buffer[n:]
+        return bytes(buffer)
+
+    async def send(self, item: bytes) -> None:
+        """Send ``item`` whole (the AnyIO byte-stream interface).
+
+        Raises:
+            anyio.ClosedResourceError: the transport was closed by us.
+            anyio.BrokenResourceError: the connection failed.
+        """
+        await self.send_all([item])
+
+    # -- closing -------------------------------------------------------------
+
     def abort(self) -> None:
         if self._closed:
             return
@@ -351,8 +414,6 @@ class SocketTransport(Transport):
             self._reader.close()
         if sock.fileno() >= 0:
             notify_closing(sock)
-        for scope in self._wait_scopes:
-            scope.cancel()
         sock.close()
 
     async def aclose(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, cast
 
+import anyio
 from anyio import ClosedResourceError, EndOfStream
 
 from .base import Transport
@@ -21,17 +22,21 @@ __all__ = ["StreamTransport"]
 class StreamTransport(Transport):
     """Adapts an :class:`anyio.abc.ByteStream` to the transport interface.
 
-    Every received chunk is copied into the decoder's buffer, and the stream
-    decides how it sends; use the socket transport where speed matters.
+    A byte stream has no non-blocking receive: :meth:`wait_readable` receives
+    a chunk (at most as large as the buffer of the last attempt) and keeps
+    it, and :meth:`receive_into_nowait` copies from it. The stream decides how
+    it sends; use the socket transport where speed matters.
     """
 
-    __slots__ = ("_closed", "_pending", "_stream")
+    __slots__ = ("_closed", "_eof", "_hint", "_pending", "_send_interrupted", "_stream")
 
     def __init__(self, stream: ByteStream) -> None:
-        super().__init__()
         self._stream = stream
         self._pending = memoryview(b"")
+        self._eof = False
+        self._hint = 65536
         self._closed = False
+        self._send_interrupted = False
 
     @property
     def stream(self) -> ByteStream:
@@ -42,24 +47,38 @@ class StreamTransport(Transport):
     def extra_attributes(self) -> Mapping[Any, Any]:
         return self._stream.extra_attributes
 
-    async def receive_into(self, buffer: memoryview) -> int:
-        self.yielded = True
+    def receive_into_nowait(self, buffer: memoryview) -> int | None:
+        if self._closed:
+            raise ClosedResourceError
         pending = self._pending
         if not pending:
-            if self._closed:
-                raise ClosedResourceError
-            try:
-                data = await self._stream.receive(buffer.nbytes)
-            except EndOfStream:
+            if self._eof:
                 return 0
-            pending = memoryview(data)
+            self._hint = buffer.nbytes
+            return None
         n = min(pending.nbytes, buffer.nbytes)
         buffer[:n] = pending[:n]
         self._pending = pending[n:]
         return n
 
-    async def send_all(self, buffers: Sequence[Buffer]) -> None:
-        self.yielded = True
+    async def wait_readable(self) -> None:
+        if self._closed:
+            raise ClosedResourceError
+        if self._pending or self._eof:
+            await anyio.lowlevel.checkpoint()
+            return
+        try:
+            data = await self._stream.receive(self._hint)
+        except EndOfStream:
+            self._eof = True
+        else:
+            self._pending = memoryview(data)
+
+    @property
+    def send_interrupted(self) -> bool:
+        return self._send_interrupted
+
+    async def send_all(self, buffers: Sequence[Buffer]) -> bool:
         if self._closed:
             raise ClosedResourceError
         try:
@@ -68,13 +87,16 @@ class StreamTransport(Transport):
         except BaseException:
             # We cannot know how much of the data an arbitrary stream has
             # taken when it failed or was cancelled: assume the framing is lost.
-            self.send_interrupted = True
+            self._send_interrupted = True
             raise
+        return True  # whether the stream yielded is its own business: assume it did
 
     async def send_eof(self) -> None:
         await self._stream.send_eof()
 
     def abort(self) -> None:
+        """Mark closed and close the stream if it can close synchronously (a
+        stream without ``close()`` is closed by :meth:`aclose`)."""
         self._closed = True
         close = getattr(self._stream, "close", None)
         if callable(close):

@@ -9,8 +9,11 @@ protocol or a non-blocking ``SSLSocket``, this keeps our own receive path:
 
 * receive: ``SSLObject.read(n, buffer)`` decrypts straight into the buffer the
   decoder hands out, which for a large frame is the frame's own buffer. Only
-  when OpenSSL needs more ciphertext do we ``receive_into`` one large reused
-  buffer (256 KiB) and feed it to the incoming BIO.
+  when OpenSSL needs more ciphertext do we receive into one large reused
+  buffer (256 KiB) and feed it to the incoming BIO. Like every transport, the
+  receive never waits (:meth:`TLSTransport.receive_into_nowait` returns
+  ``None`` when neither OpenSSL nor the socket has anything); waiting is the
+  inner transport's :meth:`~TLSTransport.wait_readable`.
 * send: the plaintext buffers are encrypted in slices of at most 256 KiB and
   the ciphertext is flushed to the inner transport whenever 256 KiB of it has
   built up, and at the end of the message: a small message is one write, and
@@ -70,6 +73,7 @@ class TLSTransport(Transport):
         "_incoming",
         "_inner",
         "_outgoing",
+        "_send_interrupted",
         "_sending",
         "_ssl",
         "_unsent",
@@ -83,7 +87,6 @@ class TLSTransport(Transport):
         server_side: bool,
         server_hostname: str | None = None,
     ) -> None:
-        super().__init__()
         self._inner = inner
         self._incoming = ssl.MemoryBIO()
         self._outgoing = ssl.MemoryBIO()
@@ -98,6 +101,7 @@ class TLSTransport(Transport):
         self._cipher = memoryview(bytearray(FIRST_CIPHER_BUFFER))
         self._closed = False
         self._sending = False
+        self._send_interrupted = False
         # send_eof() has shut the TLS session down for sending; ``_unsent`` is
         # the close_notify ciphertext a cancelled send_eof() did not write yet
         self._eof = False
@@ -124,29 +128,30 @@ class TLSTransport(Transport):
 
     # -- moving ciphertext -------------------------------------------------
 
-    async def _fill(self) -> None:
-        """Receive ciphertext into the incoming BIO (EOF included)."""
-        inner = self._inner
-        inner.yielded = False
-        cipher = self._cipher
-        n = await inner.receive_into(cipher)
-        self.yielded |= inner.yielded
+    def _take_cipher(self, n: int) -> None:
+        """Hand ``n`` received bytes of ciphertext (0: the end) to OpenSSL."""
         if n:
+            cipher = self._cipher
             self._incoming.write(cipher[:n])
             if n == cipher.nbytes < CHUNK:
                 self._cipher = memoryview(bytearray(min(CHUNK, 4 * n)))
         else:
             self._incoming.write_eof()
 
-    async def _flush(self) -> None:
-        """Send whatever ciphertext the outgoing BIO holds."""
+    async def _fill(self) -> None:
+        """Receive ciphertext into the incoming BIO (EOF included), waiting if need be."""
+        self._take_cipher(await self._inner.receive_into(self._cipher))
+
+    async def _flush(self) -> bool:
+        """Send whatever ciphertext the outgoing BIO holds; return whether it waited."""
         if self._outgoing.pending:
-            inner = self._inner
-            inner.yielded = False
-            await inner.send_all([self._outgoing.read()])
-            self.yielded |= inner.yielded
+            return await self._inner.send_all([self._outgoing.read()])
+        return False
 
     # -- Transport ---------------------------------------------------------
+
+    def fileno(self) -> int:
+        return self._inner.fileno()
 
     async def handshake(self) -> None:
         """Run the TLS handshake.
@@ -167,7 +172,7 @@ class TLSTransport(Transport):
                 break
         await self._flush()
 
-    async def receive_into(self, buffer: memoryview) -> int:
+    def receive_into_nowait(self, buffer: memoryview) -> int | None:
         sslobj = self._ssl
         incoming = self._incoming
         nbytes = buffer.nbytes
@@ -178,7 +183,7 @@ class TLSTransport(Transport):
             try:
                 # One call decrypts at most one record (16 KiB): keep going while
                 # ciphertext is buffered, so a large frame costs one pass of the
-                # comm's receive loop per ciphertext chunk, not per record.
+                # receive loop per ciphertext chunk, not per record.
                 # With a buffer, read() returns a count (typeshed says bytes).
                 received += sslobj.read(  # type: ignore[operator]
                     nbytes - received, buffer[received:] if received else buffer
@@ -199,13 +204,36 @@ class TLSTransport(Transport):
                 if received:
                     return received  # the error is raised again on the next call
                 raise BrokenResourceError(f"TLS error: {exc}") from exc
-            await self._fill()
+            n = self._inner.receive_into_nowait(self._cipher)
+            if n is None:
+                return None
+            self._take_cipher(n)
 
-    async def send_all(self, buffers: Sequence[Buffer]) -> None:
+    async def wait_readable(self) -> None:
+        if self._closed:
+            raise ClosedResourceError
+        await self._inner.wait_readable()
+
+    def readable(self) -> None:
+        """The event loop said the socket under TLS is readable."""
+        self._inner.readable()
+
+    def start_reading(self, callback: Callable[[], None]) -> bool:
+        return self._inner.start_reading(callback)
+
+    def stop_reading(self) -> None:
+        self._inner.stop_reading()
+
+    @property
+    def send_interrupted(self) -> bool:
+        return self._send_interrupted
+
+    async def send_all(self, buffers: Sequence[Buffer]) -> bool:
         if self._closed or self._eof:
             raise ClosedResourceError
         sslobj = self._ssl
         encrypted = False
+        waited = False
         self._sending = True
         try:
             for buffer in buffers:
@@ -214,19 +242,20 @@ class TLSTransport(Transport):
                     sslobj.write(view[offset : offset + CHUNK])
                     encrypted = True
                     if self._outgoing.pending >= CHUNK:
-                        await self._flush()
-            await self._flush()  # the rest, or records a read produced
+                        waited |= await self._flush()
+            waited |= await self._flush()  # the rest, or records a read produced
         except ssl.SSLError as exc:
-            self.send_interrupted = True
+            self._send_interrupted = True
             raise BrokenResourceError(f"TLS error: {exc}") from exc
         except BaseException:
             # Ciphertext may be half-sent, or encrypted but unsent: the record
             # sequence (and our framing) cannot be resumed.
             if encrypted or self._inner.send_interrupted:
-                self.send_interrupted = True
+                self._send_interrupted = True
             raise
         finally:
             self._sending = False
+        return waited
 
     async def send_eof(self) -> None:
         if self._closed:
@@ -248,9 +277,7 @@ class TLSTransport(Transport):
             inner = self._inner
             if inner.send_interrupted:
                 raise BrokenResourceError("a cancelled send_eof() wrote part of close_notify")
-            inner.yielded = False
             await inner.send_all([self._unsent])
-            self.yielded |= inner.yielded
             self._unsent = b""
 
     def abort(self) -> None:

@@ -1,0 +1,251 @@
+"""The sans-IO state of one anyio-comm connection, both directions.
+
+Theory of operation
+-------------------
+:class:`Connection` is the protocol without I/O, in the shape of h11's
+``Connection`` and websockets' ``Protocol``: the I/O layer moves bytes, the
+connection says what they mean and what may be sent.
+
+* **Starting.** Send :meth:`Connection.preamble` first. Feed the peer's bytes
+  in; :meth:`Connection.next_handshake` returns the peer's
+  :class:`~anyio_comm.Handshake` once its preamble is complete. From then on
+  :attr:`Connection.peer` holds it and messages may be sent and received.
+* **Receiving** follows ``asyncio.BufferedProtocol``: :meth:`get_buffer` says
+  where the next bytes go (the read-ahead buffer, or a large frame's own
+  buffer), the I/O layer writes there and reports :meth:`buffer_updated`; or it
+  hands over bytes it already has with :meth:`receive_data` (one copy). Then
+  :meth:`next_message` returns each complete message, ``None`` when more bytes
+  are needed. :meth:`receive_eof` records the end of the peer's stream.
+* **Sending**: :meth:`send_message` checks a message against the peer's limits
+  and returns the buffers of one gather write, header first. It writes
+  nothing and keeps no reference: if the I/O layer could not write all of
+  them, it calls :meth:`send_failed`, since the byte stream is then unusable
+  for framing. :meth:`send_eof` records that we send nothing more.
+
+States (:class:`ConnectionState`), one per direction, as in h11::
+
+    their_state:  HANDSHAKE --preamble--> OPEN --EOF at a message boundary--> CLOSED
+                      |                    |
+                      +--------------------+--bad bytes, or EOF inside a message--> ERROR
+    our_state:    OPEN --send_eof()--> CLOSED
+                    +---send_failed()--> ERROR
+
+Errors are sticky: once :meth:`next_message` raised
+:exc:`~anyio_comm.RemoteProtocolError` (or the end of the stream), every later
+call raises it again; once our side is CLOSED or ERROR, :meth:`send_message`
+raises :exc:`~anyio_comm.LocalProtocolError`.
+
+The per-message methods (:meth:`get_buffer`, :meth:`buffer_updated`,
+:meth:`next_message`) are the decoder's own bound methods: the connection adds
+no call on the per-message path.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING
+
+from .decoder import DEFAULT_READ_BUFFER_SIZE, EndOfData, FrameDecoder
+from .errors import LocalProtocolError
+from .wire import Handshake, Limits, encode_message, encode_preamble
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from ._buffer import Buffer
+    from .buffers import Allocator
+
+__all__ = ["Connection", "ConnectionState"]
+
+
+class ConnectionState(enum.Enum):
+    """The state of one direction of a :class:`Connection`."""
+
+    #: (their side only) the peer's preamble has not arrived yet
+    HANDSHAKE = "handshake"
+    #: messages flow
+    OPEN = "open"
+    #: the stream ended cleanly: the peer's EOF at a message boundary, or our send_eof()
+    CLOSED = "closed"
+    #: a protocol error, an EOF inside a message, or a failed send
+    ERROR = "error"
+
+
+_OPEN = ConnectionState.OPEN
+
+
+class Connection:
+    """The protocol state of one connection, without I/O.
+
+    Args:
+        limits: our receive limits, announced in our preamble and enforced on
+            every header the peer sends.
+        read_buffer_size: size of the read-ahead buffer (at least 4096).
+        allocator: allocates each received frame's buffer.
+
+    Raises:
+        ValueError: ``read_buffer_size`` is below 4096.
+    """
+
+    __slots__ = (
+        "_decoder",
+        "_our_state",
+        "_peer",
+        "_send_max",
+        "buffer_updated",
+        "get_buffer",
+        "next_message",
+    )
+
+    #: ``get_buffer() -> memoryview``: the buffer the next received bytes must
+    #: go into (see :meth:`FrameDecoder.get_buffer`)
+    get_buffer: Callable[[], memoryview]
+    #: ``buffer_updated(nbytes)``: that many bytes were written into the last
+    #: buffer from :attr:`get_buffer`
+    buffer_updated: Callable[[int], None]
+    #: ``next_message() -> list[memoryview] | None``: the next complete
+    #: message's frames, ``None`` if more bytes are needed. Raises
+    #: RemoteProtocolError (a header over our limits) or EndOfData (the stream
+    #: ended), again on every later call; RuntimeError before the handshake.
+    next_message: Callable[[], list[memoryview] | None]
+
+    def __init__(
+        self,
+        limits: Limits | None = None,
+        *,
+        read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
+        allocator: Allocator | None = None,
+    ) -> None:
+        decoder = FrameDecoder(limits, read_buffer_size=read_buffer_size, allocator=allocator)
+        self._decoder = decoder
+        self.get_buffer = decoder.get_buffer
+        self.buffer_updated = decoder.buffer_updated
+        self.next_message = decoder.next_message
+        self._our_state = _OPEN
+        self._peer: Handshake | None = None
+        # The largest one-frame message the peer's limits accept (-1: none yet),
+        # so that a one-frame send skips the general limit check.
+        self._send_max = -1
+
+    def __repr__(self) -> str:
+        return f"<Connection our_state={self._our_state.name} their_state={self.their_state.name}>"
+
+    # -- state -------------------------------------------------------------
+
+    @property
+    def limits(self) -> Limits:
+        """Our receive limits."""
+        return self._decoder.limits
+
+    @property
+    def peer(self) -> Handshake | None:
+        """What the peer announced in its preamble, or ``None`` before it arrived."""
+        return self._peer
+
+    @property
+    def our_state(self) -> ConnectionState:
+        """The state of our sending direction: OPEN, CLOSED (after
+        :meth:`send_eof`) or ERROR (after :meth:`send_failed`)."""
+        return self._our_state
+
+    @property
+    def their_state(self) -> ConnectionState:
+        """The state of the peer's direction: HANDSHAKE until its preamble was
+        parsed, then OPEN; CLOSED once the end of its stream was reported at a
+        message boundary; ERROR after a protocol error or a truncated stream."""
+        end = self._decoder.end_error
+        if end is not None:
+            if isinstance(end, EndOfData) and not end.truncated:
+                return ConnectionState.CLOSED
+            return ConnectionState.ERROR
+        return ConnectionState.HANDSHAKE if self._peer is None else _OPEN
+
+    @property
+    def at_message_boundary(self) -> bool:
+        """True when no part of a message from the peer is buffered."""
+        return self._decoder.at_message_boundary
+
+    # -- receiving -----------------------------------------------------------
+
+    def receive_data(self, data: bytes | bytearray | memoryview) -> None:
+        """Copy ``data`` in (for I/O that hands out ``bytes``); then drain with
+        :meth:`next_message`. Feed at most one message's worth at a time.
+
+        Raises:
+            BufferError: the read-ahead buffer is full: drain first.
+        """
+        self._decoder.feed(data)
+
+    def receive_eof(self) -> None:
+        """Record that the peer sends nothing more; :meth:`next_message` then
+        returns what is buffered and raises :exc:`EndOfData`."""
+        self._decoder.receive_eof()
+
+    def next_handshake(self) -> Handshake | None:
+        """Parse the peer's preamble.
+
+        Returns:
+            The peer's :class:`Handshake` (also kept in :attr:`peer`), or
+            ``None`` when more bytes are needed.
+
+        Raises:
+            RemoteProtocolError: the peer does not speak this protocol (every
+                later call raises it again).
+            EndOfData: the stream ended before the preamble was complete.
+            RuntimeError: the preamble was already parsed.
+        """
+        peer = self._decoder.next_handshake()
+        if peer is not None:
+            self._peer = peer
+            limits = peer.limits
+            self._send_max = (
+                min(limits.max_frame_size, limits.max_message_size)
+                if limits.max_frames >= 1
+                else -1
+            )
+        return peer
+
+    # -- sending -------------------------------------------------------------
+
+    def preamble(self) -> bytes:
+        """The bytes to send before anything else: our preamble, announcing our limits."""
+        return encode_preamble(self._decoder.limits)
+
+    def send_message(self, frames: Sequence[memoryview]) -> list[Buffer]:
+        """Return the buffers of one gather write sending the message ``frames``.
+
+        Small neighbouring buffers are joined, large frames are passed through
+        as the caller's views (do not modify them until they are written).
+
+        Raises:
+            LocalProtocolError: the message is over the peer's limits, the
+                peer's preamble has not arrived yet, or our side is CLOSED or
+                ERROR. Nothing changes: the connection stays as it was.
+        """
+        if self._our_state is not _OPEN or self._peer is None:
+            raise LocalProtocolError(self._why_not_sending())
+        if len(frames) != 1 or frames[0].nbytes > self._send_max:
+            self._peer.limits.check_send([frame.nbytes for frame in frames])
+        return encode_message(frames)
+
+    def send_eof(self) -> None:
+        """Record that we send nothing more (our side becomes CLOSED).
+
+        Raises:
+            LocalProtocolError: our side is in ERROR.
+        """
+        if self._our_state is ConnectionState.ERROR:
+            raise LocalProtocolError(self._why_not_sending())
+        self._our_state = ConnectionState.CLOSED
+
+    def send_failed(self) -> None:
+        """Record that the buffers of a message were not all written: our side
+        becomes ERROR, for good."""
+        self._our_state = ConnectionState.ERROR
+
+    def _why_not_sending(self) -> str:
+        if self._our_state is ConnectionState.CLOSED:
+            return "cannot send after send_eof()"
+        if self._our_state is ConnectionState.ERROR:
+            return "cannot send: an earlier send failed part-way"
+        return "cannot send before the peer's preamble has arrived"

@@ -1,0 +1,185 @@
+"""Connection without an event loop: two peers wired back to back (h11's ConnectionPair)."""
+
+from __future__ import annotations
+
+import pytest
+
+from anyio_comm import Limits, LocalProtocolError, RemoteProtocolError
+from anyio_comm._sansio.connection import Connection, ConnectionState
+from anyio_comm._sansio.decoder import EndOfData
+from anyio_comm._sansio.wire import encode_header
+
+OPEN, CLOSED, ERROR, HANDSHAKE = (
+    ConnectionState.OPEN,
+    ConnectionState.CLOSED,
+    ConnectionState.ERROR,
+    ConnectionState.HANDSHAKE,
+)
+
+
+def deliver(receiver: Connection, data: bytes) -> list[list[bytes]]:
+    """Write ``data`` into ``receiver`` through get_buffer/buffer_updated, as recv_into
+    does, draining complete messages after each write (once the peer's preamble was
+    parsed); return them."""
+    messages: list[list[bytes]] = []
+    view = memoryview(data)
+    while view:
+        buffer = receiver.get_buffer()
+        n = min(buffer.nbytes, view.nbytes)
+        buffer[:n] = view[:n]
+        receiver.buffer_updated(n)
+        view = view[n:]
+        if receiver.peer is not None:
+            while (message := receiver.next_message()) is not None:
+                messages.append([bytes(f) for f in message])
+    return messages
+
+
+def joined(buffers: list[object]) -> bytes:
+    return b"".join(bytes(memoryview(b)) for b in buffers)  # type: ignore[arg-type]
+
+
+class Pair:
+    """Two connections after the preamble exchange."""
+
+    def __init__(self, a_limits: Limits | None = None, b_limits: Limits | None = None) -> None:
+        self.a = Connection(a_limits)
+        self.b = Connection(b_limits)
+        deliver(self.b, self.a.preamble())
+        deliver(self.a, self.b.preamble())
+        assert self.a.next_handshake() is not None
+        assert self.b.next_handshake() is not None
+
+    def send(self, frames: list[bytes]) -> list[bytes]:
+        """Send ``frames`` from a to b; return the one message b decodes."""
+        (message,) = deliver(self.b, joined(self.a.send_message([memoryview(f) for f in frames])))
+        return message
+
+
+def test_preamble_exchange_sets_the_peer_and_the_states() -> None:
+    a, b = Connection(Limits(max_frames=7)), Connection()
+    assert a.peer is None
+    assert (a.our_state, a.their_state) == (OPEN, HANDSHAKE)
+    preamble = a.preamble()
+    deliver(b, preamble[:5])
+    assert b.next_handshake() is None
+    assert b.their_state is HANDSHAKE
+    deliver(b, preamble[5:])
+    handshake = b.next_handshake()
+    assert handshake is not None and handshake.limits.max_frames == 7
+    assert b.peer == handshake
+    assert b.their_state is OPEN
+
+
+@pytest.mark.parametrize(
+    "frames", [[b"x"], [], [b""], [b"a" * 5000], [b"a", b"b" * 3000, b""], [b"z" * 70_000]]
+)
+def test_messages_travel_intact(frames: list[bytes]) -> None:
+    assert Pair().send(frames) == frames
+
+
+def test_sending_before_the_handshake_is_refused() -> None:
+    a = Connection()
+    with pytest.raises(LocalProtocolError, match="preamble"):
+        a.send_message([memoryview(b"x")])
+
+
+def test_sending_over_the_peers_limits_changes_nothing() -> None:
+    pair = Pair(b_limits=Limits(max_frames=2, max_frame_size=100, max_message_size=150))
+    for frames in ([b"x" * 101], [b"x"] * 3, [b"x" * 80, b"y" * 80]):
+        with pytest.raises(LocalProtocolError):
+            pair.a.send_message([memoryview(f) for f in frames])
+    assert pair.a.our_state is OPEN
+    assert pair.send([b"x" * 100]) == [b"x" * 100]  # still usable
+
+
+def test_send_eof_then_sending_is_refused() -> None:
+    pair = Pair()
+    pair.a.send_eof()
+    assert pair.a.our_state is CLOSED
+    with pytest.raises(LocalProtocolError, match="send_eof"):
+        pair.a.send_message([memoryview(b"x")])
+    pair.a.send_eof()  # again: no change
+    assert pair.a.our_state is CLOSED
+
+
+def test_send_failed_is_final() -> None:
+    pair = Pair()
+    pair.a.send_failed()
+    assert pair.a.our_state is ERROR
+    with pytest.raises(LocalProtocolError, match="failed"):
+        pair.a.send_message([memoryview(b"x")])
+    with pytest.raises(LocalProtocolError):
+        pair.a.send_eof()
+    assert pair.a.our_state is ERROR
+
+
+def test_clean_eof_closes_their_side_and_is_repeated() -> None:
+    pair = Pair()
+    assert pair.send([b"last"]) == [b"last"]
+    pair.b.receive_eof()
+    for _ in range(3):
+        with pytest.raises(EndOfData) as info:
+            pair.b.next_message()
+        assert not info.value.truncated
+    assert pair.b.their_state is CLOSED
+
+
+def test_eof_inside_a_message_is_an_error() -> None:
+    pair = Pair()
+    assert deliver(pair.b, joined(pair.a.send_message([memoryview(b"x" * 50)]))[:20]) == []
+    assert pair.b.next_message() is None
+    pair.b.receive_eof()
+    for _ in range(2):
+        with pytest.raises(EndOfData) as info:
+            pair.b.next_message()
+        assert info.value.truncated
+    assert pair.b.their_state is ERROR
+
+
+def test_protocol_error_is_sticky_and_the_payload_is_never_parsed() -> None:
+    """A frame over the limit is refused; the bytes after its header, which here form a
+    perfectly valid message, must never be parsed as one."""
+    pair = Pair(b_limits=Limits(max_frame_size=10))
+    smuggled = encode_header([3]) + b"abc"
+    with pytest.raises(RemoteProtocolError, match="limit"):
+        deliver(pair.b, encode_header([100]) + smuggled)
+    first = None
+    for _ in range(3):
+        with pytest.raises(RemoteProtocolError, match="limit") as info:
+            pair.b.next_message()
+        assert info.value is not first  # a fresh exception each time
+        first = info.value
+    assert pair.b.their_state is ERROR
+    with pytest.raises(RemoteProtocolError, match="limit"):  # more bytes change nothing
+        deliver(pair.b, smuggled)
+    with pytest.raises(RemoteProtocolError, match="limit"):
+        pair.b.next_message()
+
+
+def test_bad_preamble_is_sticky() -> None:
+    b = Connection()
+    deliver(b, b"GET / HTTP/1.1\r\n")
+    for _ in range(2):
+        with pytest.raises(RemoteProtocolError, match="magic"):
+            b.next_handshake()
+    with pytest.raises(RemoteProtocolError, match="magic"):
+        b.next_message()
+    assert b.their_state is ERROR
+    assert b.peer is None
+
+
+def test_receive_data_is_the_copying_path() -> None:
+    a, b = Connection(), Connection()
+    b.receive_data(a.preamble())
+    assert b.next_handshake() is not None
+    deliver(a, b.preamble())
+    assert a.next_handshake() is not None
+    b.receive_data(joined(a.send_message([memoryview(b"hello")])))  # copied in, not drained
+    message = b.next_message()
+    assert message is not None and [bytes(f) for f in message] == [b"hello"]
+
+
+def test_next_message_before_the_handshake_is_a_usage_error() -> None:
+    with pytest.raises(RuntimeError, match="next_handshake"):
+        Connection().next_message()
