@@ -24,6 +24,7 @@ if _typing.TYPE_CHECKING:
     from ._listener import Listener as Listener
     from ._listener import listen as listen
     from ._listener import serve as serve
+    from ._options import Options as Options
     from ._sansio.buffers import Allocator as Allocator
     from ._sansio.wire import Handshake as Handshake
     from ._sansio.wire import Limits as Limits
@@ -42,6 +43,7 @@ _EXPORTS = {
     "Limits": "._sansio.wire",
     "Listener": "._listener",
     "LocalProtocolError": "._exceptions",
+    "Options": "._options",
     "ProtocolError": "._exceptions",
     "RemoteProtocolError": "._exceptions",
     "SerializationError": "._exceptions",
@@ -62,6 +64,7 @@ __all__ = [
     "Limits",
     "Listener",
     "LocalProtocolError",
+    "Options",
     "ProtocolError",
     "RemoteProtocolError",
     "SerializationError",

@@ -55,6 +55,7 @@ from anyio import (
     EndOfStream,
     TypedAttributeSet,
     aclose_forcefully,
+    fail_after,
     move_on_after,
     typed_attribute,
 )
@@ -72,7 +73,7 @@ from ._util import ConflictDetector
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable, Mapping
 
-    from ._options import CommOptions
+    from ._options import Options
     from ._receivers import Receiver
     from ._sansio._buffer import Buffer
     from ._sansio.serialization import Serializer
@@ -550,23 +551,48 @@ class Comm(ObjectStream[Any]):
 
 async def establish(
     transport: Transport,
-    options: CommOptions,
+    options: Options,
     *,
     local_address: str,
     peer_address: str,
     hook: IdleHook | None = None,
 ) -> Comm:
-    """Exchange preambles over ``transport`` and return the comm.
+    """Run the handshakes over ``transport`` and return the comm.
 
-    Both sides send their preamble at once, then read the peer's. The caller
-    owns ``transport`` and must close it if this raises.
+    The transport's own handshake (TLS) first; then both sides send their
+    preamble at once and read the peer's. All of it within
+    ``options.handshake_timeout``. The caller owns ``transport`` and must close
+    it if this raises.
 
     Raises:
+        TimeoutError: the handshakes took longer than ``handshake_timeout``.
         RemoteProtocolError: the peer does not speak this protocol.
         anyio.BrokenResourceError: the connection failed or closed during
             the handshake.
         ssl.SSLError: the TLS handshake failed (TLS transports only).
     """
+    try:
+        with fail_after(options.handshake_timeout):
+            conn = await _exchange_preambles(transport, options)
+    except TimeoutError:
+        raise TimeoutError(
+            f"the handshake with {peer_address} took longer than "
+            f"handshake_timeout ({options.handshake_timeout:g} s)"
+        ) from None
+    receiver: Receiver = PullReceiver(transport, conn)
+    return Comm(
+        transport,
+        conn,
+        receiver,
+        options.serializer(),
+        local_address=local_address,
+        peer_address=peer_address,
+        idle_timeout=options.idle_timeout,
+        hook=hook,
+    )
+
+
+async def _exchange_preambles(transport: Transport, options: Options) -> Connection:
     conn = Connection(
         options.limits, read_buffer_size=options.read_buffer_size, allocator=options.allocator
     )
@@ -581,14 +607,4 @@ async def establish(
                 conn.receive_eof()
     except EndOfData as exc:
         raise BrokenResourceError(f"handshake failed: {exc}") from None
-    receiver: Receiver = PullReceiver(transport, conn)
-    return Comm(
-        transport,
-        conn,
-        receiver,
-        options.serializer(),
-        local_address=local_address,
-        peer_address=peer_address,
-        idle_timeout=options.idle_timeout,
-        hook=hook,
-    )
+    return conn

@@ -11,14 +11,13 @@ import ssl
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
-from anyio import BrokenResourceError, wait_writable
+from anyio import BrokenResourceError, aclose_forcefully, wait_writable
+from anyio.abc import SocketAttribute
 
 from ._addressing import Address, check_tls_options, format_socket_address, parse_address
 from ._comm import Comm, establish
 from ._inproc import connect_inproc
-from ._options import CommOptions, check_seconds, make_options
-from ._sansio.decoder import DEFAULT_READ_BUFFER_SIZE
-from ._sansio.serialization import DEFAULT_OOB_THRESHOLD
+from ._options import Options, OptionsKeywords, check_seconds, resolve_options
 from ._transports.rawsocket import SocketTransport
 from ._transports.stream import StreamTransport
 from ._transports.tls import TLSTransport
@@ -26,8 +25,7 @@ from ._transports.tls import TLSTransport
 if TYPE_CHECKING:
     from anyio.abc import ByteStream
 
-    from ._sansio.buffers import Allocator
-    from ._sansio.wire import Limits
+    from ._compat import Unpack
     from ._transports.base import Transport
 
 __all__ = [
@@ -176,49 +174,32 @@ def _retry_delay(attempt: int) -> float:
 async def connect(
     address: str,
     *,
+    options: Options | None = None,
     timeout: float | None = None,
     retry: bool = False,
-    keepalive: float | None = None,
-    idle_timeout: float | None = None,
-    limits: Limits | None = None,
-    read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
-    allocator: Allocator | None = None,
-    oob_threshold: int = DEFAULT_OOB_THRESHOLD,
-    allow_pickle: bool = False,
     ssl_context: ssl.SSLContext | None = None,
     server_hostname: str | None = None,
+    **keywords: Unpack[OptionsKeywords],
 ) -> Comm:
     """Connect to ``address`` and complete the anyio-comm handshake.
 
     Args:
         address: ``tcp://host:port`` (``tcp://[::1]:port`` for IPv6),
             ``tls://host:port``, ``unix:///path`` or ``inproc://name``.
-        timeout: seconds for connecting and the handshakes (TLS and
-            anyio-comm) together, retries included; ``None`` waits as long as
-            the operating system does (and with ``retry``, retries forever).
+        options: per-connection options (:class:`~anyio_comm.Options`); any of
+            its fields may also be given as a keyword (``idle_timeout=30``),
+            which overrides the field. Our ``limits`` are announced to the
+            peer; each attempt's handshake (TLS and anyio-comm) must complete
+            within ``handshake_timeout``.
+        timeout: seconds for the whole call: connecting and the handshakes,
+            retries included; ``None`` waits as long as the operating system
+            does (and with ``retry``, retries forever).
         retry: keep trying while the peer is not up yet: after a refused
             connection, a missing ``unix://`` socket file or ``inproc://``
             name, a failed name lookup, an unreachable network, or a
             connection dropped during the handshake, wait and try again
             (exponential backoff from about 20 ms to 1 s, with jitter) until
             ``timeout`` expires. TLS errors and protocol errors are not retried.
-        keepalive: for TCP and TLS, turn on TCP keepalive so that a peer that
-            vanished without a word (host down, network cut) is detected in
-            about this many seconds of silence (probes start after half of it);
-            on Linux, also unacknowledged sent data fails the connection after
-            this long (``TCP_USER_TIMEOUT``). ``None`` leaves the system default
-            (keepalive off).
-        idle_timeout: :meth:`Comm.receive` fails with :exc:`IdleTimeoutError`
-            (and the connection is closed) when no byte arrives for this many
-            seconds while it waits; ``None`` waits forever.
-        limits: our receive limits, announced to the peer.
-        read_buffer_size: size of the read-ahead buffer (>= 4096).
-        allocator: allocates receive buffers, ``allocator(n)`` returning a
-            writable buffer of ``n`` bytes (default ``bytearray``).
-        oob_threshold: bytes-like values of at least this size travel as
-            out-of-band frames.
-        allow_pickle: pickle what msgpack cannot encode and accept pickled
-            data from the peer. Trusted peers only.
         ssl_context: required for ``tls://`` (and only allowed there): the
             client context, e.g. ``ssl.create_default_context(cafile=...)``.
         server_hostname: the name to verify the server certificate against
@@ -230,11 +211,12 @@ async def connect(
     Raises:
         ValueError: malformed address, unknown scheme, invalid option, or
             ``ssl_context`` missing for ``tls://`` (or given for another scheme).
-        TypeError: a duration option is not a number.
+        TypeError: an unknown keyword, or an option of the wrong type.
         ssl.SSLError: the TLS handshake failed; ``ssl.SSLCertVerificationError``
             for an untrusted or expired certificate or a hostname mismatch.
-        TimeoutError: ``timeout`` expired; with ``retry``, its ``__cause__``
-            is the error of the last attempt.
+        TimeoutError: ``timeout`` expired (with ``retry``, its ``__cause__``
+            is the error of the last attempt), or a handshake took longer than
+            ``handshake_timeout``.
         OSError: the connection failed, and the message names the address:
             ``socket.gaierror`` (the name did not resolve),
             ``ConnectionRefusedError`` (nobody listens there; also for an
@@ -247,18 +229,13 @@ async def connect(
     parsed = parse_address(address)
     check_tls_options(parsed, ssl_context)
     check_seconds("timeout", timeout)
-    check_seconds("keepalive", keepalive)
-    options = make_options(
-        limits, read_buffer_size, allocator, oob_threshold, allow_pickle, idle_timeout
-    )
+    resolved = resolve_options("connect", options, keywords)
     deadline = math.inf if timeout is None else anyio.current_time() + timeout
     attempt = 0
     while True:
         try:
             with anyio.move_on_after(deadline - anyio.current_time()) as scope:
-                return await _connect_once(
-                    address, parsed, options, keepalive, ssl_context, server_hostname
-                )
+                return await _connect_once(address, parsed, resolved, ssl_context, server_hostname)
         except ssl.SSLError:
             raise
         except (OSError, BrokenResourceError) as exc:
@@ -287,15 +264,16 @@ async def connect(
 async def _connect_once(
     address: str,
     parsed: Address,
-    options: CommOptions,
-    keepalive: float | None,
+    options: Options,
     ssl_context: ssl.SSLContext | None,
     server_hostname: str | None,
 ) -> Comm:
     if parsed.scheme == "inproc":
         return await connect_inproc(parsed.path, options)
     try:
-        sock = await open_socket(parsed.scheme, parsed.host, parsed.port, parsed.path, keepalive)
+        sock = await open_socket(
+            parsed.scheme, parsed.host, parsed.port, parsed.path, options.keepalive
+        )
     except OSError as exc:
         raise _with_address(exc, address) from None
     transport: Transport = SocketTransport(sock)
@@ -324,47 +302,46 @@ async def _connect_once(
 async def from_stream(
     stream: ByteStream,
     *,
-    timeout: float | None = None,
-    idle_timeout: float | None = None,
-    limits: Limits | None = None,
-    read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
-    allocator: Allocator | None = None,
-    oob_threshold: int = DEFAULT_OOB_THRESHOLD,
-    allow_pickle: bool = False,
+    options: Options | None = None,
     local_address: str = "stream://",
     peer_address: str = "stream://",
+    **keywords: Unpack[OptionsKeywords],
 ) -> Comm:
     """Run the anyio-comm protocol over any AnyIO byte stream.
 
     Both ends call this (the handshake is symmetric). Every byte is copied
     through the stream's ``receive()`` / ``send()``: the generic path, for
     streams a socket address cannot describe (a ``TLSStream`` you built, a
-    stapled or memory stream, ...). The comm owns ``stream`` and closes it.
+    stapled or memory stream, ...). The call takes ``stream`` over: the comm
+    closes it, and if no comm is returned (a failed or cancelled handshake, a
+    bad option), ``stream`` has been closed already.
 
     Args:
         stream: a connected :class:`anyio.abc.ByteStream`.
-        timeout: seconds for the handshake.
+        options: per-connection options (:class:`~anyio_comm.Options`), or any
+            of its fields as keywords. The handshake must complete within
+            ``handshake_timeout``; ``keepalive`` applies to the stream's socket
+            (:attr:`anyio.abc.SocketAttribute.raw_socket`) when it is a TCP one.
         local_address, peer_address: strings reported by the comm.
-        idle_timeout, limits, read_buffer_size, allocator, oob_threshold, allow_pickle: as
-            in :func:`connect`.
 
     Raises:
         ValueError: invalid option.
-        TypeError: a duration option is not a number.
-        TimeoutError: ``timeout`` expired.
+        TypeError: an unknown keyword, or an option of the wrong type.
+        TimeoutError: the handshake took longer than ``handshake_timeout``.
         RemoteProtocolError: the peer does not speak anyio-comm.
         anyio.BrokenResourceError: the stream failed during the handshake.
     """
-    check_seconds("timeout", timeout)
-    options = make_options(
-        limits, read_buffer_size, allocator, oob_threshold, allow_pickle, idle_timeout
-    )
     transport = StreamTransport(stream)
     try:
-        with anyio.fail_after(timeout):
-            return await establish(
-                transport, options, local_address=local_address, peer_address=peer_address
-            )
+        resolved = resolve_options("from_stream", options, keywords)
+        if resolved.keepalive is not None:
+            sock = stream.extra(SocketAttribute.raw_socket, None)
+            if sock is not None:
+                configure_socket(sock, resolved.keepalive)
+        return await establish(
+            transport, resolved, local_address=local_address, peer_address=peer_address
+        )
     except BaseException:
-        transport.abort()
+        with anyio.CancelScope(shield=True):
+            await aclose_forcefully(transport)
         raise

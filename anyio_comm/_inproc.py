@@ -16,7 +16,7 @@ from ._transports.stream import StreamTransport
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._options import CommOptions
+    from ._options import Options
 
 __all__ = ["connect_inproc", "register", "unregister"]
 
@@ -46,7 +46,7 @@ def unregister(name: str) -> None:
     _listeners.pop(name, None)
 
 
-async def connect_inproc(name: str, options: CommOptions) -> Comm:
+async def connect_inproc(name: str, options: Options) -> Comm:
     """Connect to the in-process listener ``name``.
 
     Raises:

@@ -57,13 +57,11 @@ from ._addressing import (
     parse_address,
 )
 from ._comm import Comm, IdleHook, establish
-from ._compat import final
+from ._compat import Unpack, final
 from ._connect import configure_socket, resolve_tcp
 from ._exceptions import ProtocolError, RemoteProtocolError
 from ._inproc import register, unregister
-from ._options import CommOptions, check_seconds, make_options
-from ._sansio.decoder import DEFAULT_READ_BUFFER_SIZE
-from ._sansio.serialization import DEFAULT_OOB_THRESHOLD
+from ._options import Options, OptionsKeywords, resolve_options
 from ._transports.rawsocket import SocketTransport
 from ._transports.stream import StreamTransport
 from ._transports.tls import TLSTransport
@@ -73,8 +71,7 @@ if TYPE_CHECKING:
 
     from anyio.abc import TaskGroup, TaskStatus
 
-    from ._sansio.buffers import Allocator
-    from ._sansio.wire import Limits
+    from ._compat import Unpack
     from ._transports.base import Transport
     from ._transports.memory import MemoryByteStream
 
@@ -250,17 +247,13 @@ class _Server:
     def __init__(
         self,
         handler: Handler,
-        options: CommOptions,
-        handshake_timeout: float,
+        options: Options,
         ssl_context: ssl.SSLContext | None = None,
-        keepalive: float | None = None,
         max_connections: int | None = None,
     ) -> None:
         self.handler = handler
         self.options = options
-        self.handshake_timeout = handshake_timeout
         self.ssl_context = ssl_context
-        self.keepalive = keepalive
         self.scheme = "tls" if ssl_context is not None else "tcp"
         self.task_group: TaskGroup | None = None
         self.listener = Listener(self)
@@ -328,7 +321,7 @@ class _Server:
 
     def start_socket_connection(self, conn: socket.socket, slot: object | None) -> None:
         try:
-            configure_socket(conn, self.keepalive)
+            configure_socket(conn, self.options.keepalive)
             local = format_socket_address(conn.family, conn.getsockname(), self.scheme)
             peer = format_socket_address(conn.family, conn.getpeername(), self.scheme)
         except OSError as exc:  # reset before we got to it
@@ -372,14 +365,13 @@ class _Server:
             transport.abort()
             return
         try:
-            with anyio.fail_after(self.handshake_timeout):
-                comm = await establish(
-                    transport,
-                    self.options,
-                    local_address=local,
-                    peer_address=peer,
-                    hook=connection.hook,
-                )
+            comm = await establish(
+                transport,
+                self.options,
+                local_address=local,
+                peer_address=peer,
+                hook=connection.hook,
+            )
         except _HANDSHAKE_ERRORS as exc:
             transport.abort()
             logger.debug("handshake with %s failed: %r", peer, exc)
@@ -441,17 +433,11 @@ async def listen(
     address: str,
     handler: Handler,
     *,
-    handshake_timeout: float = 10.0,
+    options: Options | None = None,
     max_connections: int | None = None,
-    idle_timeout: float | None = None,
-    keepalive: float | None = None,
     backlog: int = 1024,
-    limits: Limits | None = None,
-    read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
-    allocator: Allocator | None = None,
-    oob_threshold: int = DEFAULT_OOB_THRESHOLD,
-    allow_pickle: bool = False,
     ssl_context: ssl.SSLContext | None = None,
+    **keywords: Unpack[OptionsKeywords],
 ) -> AsyncIterator[Listener]:
     """Listen on ``address``; run ``await handler(comm)`` for each connection.
 
@@ -466,25 +452,23 @@ async def listen(
             bind several addresses), ``tls://host:port``, ``unix:///path`` or
             ``inproc://name`` (``inproc://`` alone picks a fresh name).
         handler: ``async def handler(comm: Comm)``.
-        handshake_timeout: seconds a new connection has to complete the
-            handshakes (TLS and anyio-comm) before it is dropped.
+        options: per-connection options (:class:`~anyio_comm.Options`), or any
+            of its fields as keywords. For a listener: a new connection that
+            does not complete its handshakes (TLS and anyio-comm) within
+            ``handshake_timeout`` is dropped; with ``idle_timeout``, a handler's
+            :meth:`Comm.receive` fails with :exc:`IdleTimeoutError` (and the
+            connection is closed, logged at DEBUG) when the client sends nothing
+            for that long while the handler waits for it; ``keepalive`` applies
+            to every accepted TCP and TLS connection.
         max_connections: the most connections open at once, handshaking ones
             included. At the limit, no more are accepted: new ones wait in the
             ``backlog`` (where the client's ``connect`` waits, and its
             ``timeout`` runs) until a connection closes. ``None``: no limit.
-        idle_timeout: a handler's :meth:`Comm.receive` fails with
-            :exc:`IdleTimeoutError`, and its connection is closed, when the
-            client sends nothing for this many seconds while the handler waits
-            for it. The listener logs that at DEBUG level. ``None``: no limit.
-        keepalive: TCP keepalive for accepted TCP and TLS connections, as in
-            :func:`connect`.
+        backlog: ``listen()`` backlog for socket addresses.
         ssl_context: required for ``tls://`` (and only allowed there): the
             server context, e.g. ``ssl.create_default_context(
             ssl.Purpose.CLIENT_AUTH)`` with ``load_cert_chain(...)``; set its
             ``verify_mode = ssl.CERT_REQUIRED`` for mutual TLS.
-        backlog: ``listen()`` backlog for socket addresses.
-        limits, read_buffer_size, allocator, oob_threshold, allow_pickle: per
-            connection, as in :func:`connect`.
 
     Yields:
         The :class:`Listener`; ``listener.address`` is the contact address.
@@ -492,16 +476,15 @@ async def listen(
     Raises:
         ValueError: malformed address, unknown scheme, invalid option, or
             ``ssl_context`` missing for ``tls://`` (or given for another scheme).
-        TypeError: ``handler`` is not callable, or a duration option is not a
-            number.
+        TypeError: ``handler`` is not callable, an unknown keyword, or an
+            option of the wrong type.
         OSError: the address could not be bound (in use, permission, ...).
     """
     parsed: Address = parse_address(address)
     check_tls_options(parsed, ssl_context)
     if not callable(handler):
         raise TypeError("handler must be an async callable taking a Comm")
-    check_seconds("handshake_timeout", handshake_timeout)
-    check_seconds("keepalive", keepalive)
+    resolved = resolve_options("listen", options, keywords)
     if max_connections is not None and (
         isinstance(max_connections, bool)
         or not isinstance(max_connections, int)
@@ -510,9 +493,6 @@ async def listen(
         raise ValueError(
             f"max_connections must be a positive int or None, not {max_connections!r}"
         )
-    options = make_options(
-        limits, read_buffer_size, allocator, oob_threshold, allow_pickle, idle_timeout
-    )
     sockets: list[socket.socket] = []
     unix_path: str | None = None
     inode = -1
@@ -536,9 +516,7 @@ async def listen(
             unix_path = parsed.path
             inode = os.stat(unix_path).st_ino
             addresses = [f"unix://{parsed.path}"]
-        server = _Server(
-            handler, options, handshake_timeout, ssl_context, keepalive, max_connections
-        )
+        server = _Server(handler, resolved, ssl_context, max_connections)
         if parsed.scheme == "inproc":
             inproc_name = register(parsed.path, server.start_inproc_connection)
             addresses = [f"inproc://{inproc_name}"]
@@ -565,17 +543,11 @@ async def serve(
     handler: Handler,
     *,
     task_status: TaskStatus[Listener] = TASK_STATUS_IGNORED,
-    handshake_timeout: float = 10.0,
+    options: Options | None = None,
     max_connections: int | None = None,
-    idle_timeout: float | None = None,
-    keepalive: float | None = None,
     backlog: int = 1024,
-    limits: Limits | None = None,
-    read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
-    allocator: Allocator | None = None,
-    oob_threshold: int = DEFAULT_OOB_THRESHOLD,
-    allow_pickle: bool = False,
     ssl_context: ssl.SSLContext | None = None,
+    **keywords: Unpack[OptionsKeywords],
 ) -> None:
     """Run a listener; made for :meth:`anyio.abc.TaskGroup.start`.
 
@@ -588,16 +560,9 @@ async def serve(
     async with listen(
         address,
         handler,
-        handshake_timeout=handshake_timeout,
+        options=resolve_options("serve", options, keywords),
         max_connections=max_connections,
-        idle_timeout=idle_timeout,
-        keepalive=keepalive,
         backlog=backlog,
-        limits=limits,
-        read_buffer_size=read_buffer_size,
-        allocator=allocator,
-        oob_threshold=oob_threshold,
-        allow_pickle=allow_pickle,
         ssl_context=ssl_context,
     ) as listener:
         task_status.started(listener)

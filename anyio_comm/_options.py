@@ -1,38 +1,25 @@
-"""Connection options shared by connect, listen and from_stream."""
+"""Per-connection options: one object, accepted by every function that opens a comm."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Final, TypedDict
 
+from ._compat import final
 from ._sansio.decoder import DEFAULT_READ_BUFFER_SIZE, check_read_buffer_size
 from ._sansio.serialization import DEFAULT_OOB_THRESHOLD, Serializer
 from ._sansio.wire import Limits
 
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from ._sansio.buffers import Allocator
 
+__all__ = ["Options", "OptionsKeywords", "check_seconds", "resolve_options"]
 
-@dataclass(frozen=True, slots=True)
-class CommOptions:
-    """Validated per-connection options (see :func:`anyio_comm.connect`)."""
-
-    limits: Limits = field(default_factory=Limits)
-    read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE
-    allocator: Allocator | None = None
-    oob_threshold: int = DEFAULT_OOB_THRESHOLD
-    allow_pickle: bool = False
-    idle_timeout: float | None = None
-
-    def __post_init__(self) -> None:
-        # Fail at the call site, not at the first connection (without
-        # allocating a read-ahead buffer only to throw it away).
-        check_read_buffer_size(self.read_buffer_size)
-        self.serializer()
-        check_seconds("idle_timeout", self.idle_timeout)
-
-    def serializer(self) -> Serializer:
-        return Serializer(oob_threshold=self.oob_threshold, allow_pickle=self.allow_pickle)
+#: a new connection's TLS handshake and preamble exchange must complete within this
+DEFAULT_HANDSHAKE_TIMEOUT: Final = 10.0
 
 
 def check_seconds(name: str, value: float | None, minimum: float = 0.0) -> None:
@@ -50,19 +37,116 @@ def check_seconds(name: str, value: float | None, minimum: float = 0.0) -> None:
         raise ValueError(f"{name} must be greater than {minimum:g} seconds, not {value!r}")
 
 
-def make_options(
-    limits: Limits | None,
-    read_buffer_size: int,
-    allocator: Allocator | None,
-    oob_threshold: int,
-    allow_pickle: bool,
-    idle_timeout: float | None = None,
-) -> CommOptions:
-    return CommOptions(
-        limits=limits if limits is not None else Limits(),
-        read_buffer_size=read_buffer_size,
-        allocator=allocator,
-        oob_threshold=oob_threshold,
-        allow_pickle=allow_pickle,
-        idle_timeout=idle_timeout,
-    )
+@final
+@dataclass(frozen=True, slots=True)
+class Options:
+    """Per-connection options, for :func:`~anyio_comm.connect`,
+    :func:`~anyio_comm.listen`, :func:`~anyio_comm.serve`,
+    :func:`~anyio_comm.from_stream` and :func:`~anyio_comm.testing.comm_pair`.
+
+    Pass one as ``options=``, or any field as a keyword of the same name; a
+    keyword overrides the field of ``options``. ``Options`` is immutable:
+    ``dataclasses.replace(options, idle_timeout=30)`` makes a variant.
+
+    Attributes:
+        limits: our receive limits, announced to the peer and enforced on what
+            it sends (see :class:`~anyio_comm.Limits`).
+        read_buffer_size: size of the read-ahead buffer (at least 4096).
+        allocator: allocates the buffer each received frame goes into,
+            ``allocator(n)`` returning a writable buffer of ``n`` bytes
+            (``None``: ``bytearray``).
+        oob_threshold: bytes-like values of at least this size travel as
+            out-of-band frames.
+        allow_pickle: pickle what msgpack cannot encode and accept pickled data
+            from the peer. Trusted peers only.
+        handshake_timeout: seconds for the TLS handshake and the preamble
+            exchange of a new connection (``None``: no limit). A listener drops
+            a connection that takes longer; :func:`~anyio_comm.connect` fails
+            that attempt with :exc:`TimeoutError`.
+        idle_timeout: :meth:`Comm.receive <anyio_comm.Comm.receive>` fails
+            with :exc:`~anyio_comm.IdleTimeoutError` (and the connection is
+            closed) when no byte arrives for this many seconds while it waits
+            (``None``: it waits forever).
+        keepalive: for TCP (and TLS) connections, turn on TCP keepalive so that
+            a peer that vanished without a word (host down, network cut) is
+            detected in about this many seconds of silence; on Linux, also
+            unacknowledged sent data fails the connection after this long.
+            ``None`` keeps the system's default (off). Applied to the sockets
+            anyio-comm opens and accepts, and to the socket under a
+            :func:`~anyio_comm.from_stream` stream when it has one.
+
+    Raises:
+        TypeError: a field has the wrong type.
+        ValueError: a field is out of range (``read_buffer_size`` below 4096,
+            a negative ``oob_threshold``, a duration that is not positive).
+    """
+
+    limits: Limits = field(default_factory=Limits)
+    read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE
+    allocator: Allocator | None = None
+    oob_threshold: int = DEFAULT_OOB_THRESHOLD
+    allow_pickle: bool = False
+    handshake_timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT
+    idle_timeout: float | None = None
+    keepalive: float | None = None
+
+    def __post_init__(self) -> None:
+        # Fail where the options are made, not at the first connection.
+        if not isinstance(self.limits, Limits):
+            raise TypeError(f"limits must be a Limits, not {type(self.limits).__name__}")
+        for name in ("read_buffer_size", "oob_threshold"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+        check_read_buffer_size(self.read_buffer_size)
+        if self.allocator is not None and not callable(self.allocator):
+            raise TypeError("allocator must be callable (allocator(n) -> buffer) or None")
+        if not isinstance(self.allow_pickle, bool):
+            raise TypeError(f"allow_pickle must be a bool, not {type(self.allow_pickle).__name__}")
+        self.serializer()  # checks oob_threshold
+        check_seconds("handshake_timeout", self.handshake_timeout)
+        check_seconds("idle_timeout", self.idle_timeout)
+        check_seconds("keepalive", self.keepalive)
+
+    def serializer(self) -> Serializer:
+        """A serializer with these options' ``oob_threshold`` and ``allow_pickle``."""
+        return Serializer(oob_threshold=self.oob_threshold, allow_pickle=self.allow_pickle)
+
+
+class OptionsKeywords(TypedDict, total=False):
+    """The fields of :class:`Options`, as keyword arguments."""
+
+    limits: Limits
+    read_buffer_size: int
+    allocator: Allocator | None
+    oob_threshold: int
+    allow_pickle: bool
+    handshake_timeout: float | None
+    idle_timeout: float | None
+    keepalive: float | None
+
+
+_DEFAULT: Final = Options()
+_FIELDS: Final = frozenset(f.name for f in dataclasses.fields(Options))
+
+
+def resolve_options(
+    function: str, options: Options | None, keywords: Mapping[str, Any]
+) -> Options:
+    """``options`` (or the defaults) with ``keywords`` replacing its fields.
+
+    Raises:
+        TypeError: ``options`` is not an :class:`Options`, a keyword is not an
+            option of ``function``, or a value has the wrong type.
+        ValueError: a value is out of range.
+    """
+    if options is None:
+        options = _DEFAULT
+    elif not isinstance(options, Options):
+        raise TypeError(f"options must be an anyio_comm.Options, not {type(options).__name__}")
+    unknown = keywords.keys() - _FIELDS
+    if unknown:
+        raise TypeError(
+            f"{function}() got unexpected keyword arguments: {', '.join(sorted(unknown))}"
+        )
+    return dataclasses.replace(options, **keywords) if keywords else options

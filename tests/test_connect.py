@@ -310,7 +310,8 @@ async def test_no_idle_timeout_by_default() -> None:
     [
         ({"idle_timeout": -1}, ValueError),
         ({"read_buffer_size": 1}, ValueError),
-        ({"timeout": "5"}, TypeError),
+        ({"handshake_timeout": "5"}, TypeError),
+        ({"options": "not Options"}, TypeError),
         ({"no_such_option": 1}, TypeError),
     ],
 )

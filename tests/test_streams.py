@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import anyio
 import pytest
+from anyio.abc import SocketAttribute
 
-from anyio_comm import Comm, from_stream
+from anyio_comm import Comm, RemoteProtocolError, from_stream
 from anyio_comm.testing import memory_byte_stream_pair
 
 
@@ -50,7 +51,7 @@ async def test_from_stream_handshake_timeout() -> None:
     a, b = memory_byte_stream_pair()
     async with b:
         with pytest.raises(TimeoutError):
-            await from_stream(a, timeout=0.1)  # nobody answers
+            await from_stream(a, handshake_timeout=0.1)  # nobody answers
 
 
 async def test_memory_stream_pair_is_bounded_and_copies() -> None:
@@ -73,3 +74,35 @@ async def test_memory_stream_pair_is_bounded_and_copies() -> None:
 def test_memory_stream_pair_validation() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         memory_byte_stream_pair(max_chunks=0)
+
+
+@pytest.mark.parametrize("ending", ["timeout", "cancelled", "bad peer"])
+async def test_from_stream_closes_the_stream_when_setup_fails(ending: str) -> None:
+    """The comm owns the stream from the start: a failed or cancelled handshake closes
+    it (an AnyIO socket stream has no synchronous close, so this needs an aclose)."""
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
+        port = listener.extra(SocketAttribute.local_port)
+        accepted: list[anyio.abc.SocketStream] = []
+
+        async def accept() -> None:
+            peer = await listener.listeners[0].accept()  # type: ignore[attr-defined]
+            accepted.append(peer)
+            if ending == "bad peer":
+                await peer.send(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(accept)
+            stream = await anyio.connect_tcp("127.0.0.1", port)
+        sock = stream.extra(SocketAttribute.raw_socket)
+        async with accepted[0]:
+            if ending == "timeout":
+                with pytest.raises(TimeoutError, match="handshake_timeout"):
+                    await from_stream(stream, handshake_timeout=0.1)
+            elif ending == "bad peer":
+                with anyio.fail_after(10), pytest.raises(RemoteProtocolError):
+                    await from_stream(stream)
+            else:
+                with anyio.move_on_after(0.1) as scope:
+                    await from_stream(stream)
+                assert scope.cancelled_caught
+            assert sock.fileno() == -1  # closed
