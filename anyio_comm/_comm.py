@@ -64,8 +64,8 @@ from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint
 
 from ._backend import current_backend
 from ._compat import final
-from ._exceptions import IdleTimeoutError, RemoteProtocolError
-from ._receivers import PullReceiver
+from ._exceptions import IdleTimeoutError, LocalProtocolError, RemoteProtocolError
+from ._receivers import start_receiver
 from ._sansio.connection import Connection, ConnectionState
 from ._sansio.decoder import EndOfData
 from ._util import ConflictDetector
@@ -122,7 +122,7 @@ class IdleHook:
 
     def __init__(self) -> None:
         self._callback: Callable[[], object] | None = None
-        # the receiver while a receive() waits with nothing of a message buffered
+        # the receiver while a receive() waits (set by the comm)
         self._waiting: Receiver | None = None
 
     @property
@@ -312,15 +312,35 @@ class Comm(ObjectStream[Any]):
             if self._state is not _OPEN:
                 self._check_state()
             frames = self._pending
-            if frames is not None:
-                self._pending = None
-            else:
+            if frames is None:
+                receiver = self._receiver
                 try:
-                    frames = self._receiver.receive_nowait()
+                    frames = receiver.receive_nowait()
                     if frames is None:
-                        frames = await self._wait_message()
-                        self._yield_due = False
-                        return frames  # it waited: that was its yield
+                        # Wait (the wait is this receive's yield). Written out
+                        # here rather than in a helper: every coroutine frame on
+                        # the way costs each wake-up.
+                        hook = self._hook
+                        while True:
+                            if receiver.check_before_wait:
+                                await self._check_cancelled()
+                            if hook is not None:
+                                if hook._callback is not None and receiver.at_message_boundary:
+                                    hook._callback()  # cancels the listener's handler task ...
+                                    await checkpoint()  # ... here, before anything is read
+                                hook._waiting = receiver
+                            try:
+                                if self._idle_timeout is None:
+                                    await receiver.wait()
+                                else:
+                                    await self._wait_idle(self._idle_timeout)
+                            finally:
+                                if hook is not None:
+                                    hook._waiting = None
+                            frames = receiver.receive_nowait()
+                            if frames is not None:
+                                self._yield_due = False
+                                return frames
                 except EndOfData as exc:
                     if exc.truncated:
                         await self._fail()
@@ -332,6 +352,8 @@ class Comm(ObjectStream[Any]):
                 except ClosedResourceError:
                     self._check_state()
                     raise
+            else:
+                self._pending = None
             # Nothing waited: yield now. The message is already taken, so a
             # cancellation here keeps it for the next call.
             try:
@@ -345,45 +367,8 @@ class Comm(ObjectStream[Any]):
             self._yield_due = False
             return frames
 
-    async def _wait_message(self) -> list[memoryview]:
-        """Wait for the next message (none is complete now)."""
-        if self._trio is None:
-            # asyncio: a cancellation is delivered to a waiting task only while
-            # its wake-up is not scheduled yet, so check before waiting (trio's
-            # waits are checkpoints that check first).
-            await self._check_cancelled()
-        receiver = self._receiver
-        watched = self._hook is not None or self._idle_timeout is not None
-        while True:
-            if watched:
-                await self._wait_watched()
-            else:
-                await receiver.wait()
-            frames = receiver.receive_nowait()
-            if frames is not None:
-                return frames
-
-    async def _wait_watched(self) -> None:
-        """``receiver.wait()`` with the idle timeout and the listener's idle hook."""
-        receiver = self._receiver
-        hook = self._hook
-        if hook is not None and receiver.at_message_boundary:
-            hook._waiting = receiver
-            try:
-                if hook._callback is not None:
-                    hook._callback()  # cancels the listener's handler task ...
-                    await checkpoint()  # ... here, before anything is read
-                await self._wait_idle()
-            finally:
-                hook._waiting = None
-        else:
-            await self._wait_idle()
-
-    async def _wait_idle(self) -> None:
-        idle_timeout = self._idle_timeout
-        if idle_timeout is None:
-            await self._receiver.wait()
-            return
+    async def _wait_idle(self, idle_timeout: float) -> None:
+        """``receiver.wait()``, failing the comm after ``idle_timeout`` seconds."""
         with move_on_after(idle_timeout):
             await self._receiver.wait()
             return
@@ -444,9 +429,12 @@ class Comm(ObjectStream[Any]):
             if self._state is not _OPEN:
                 self._check_state()
             conn = self._conn
-            if conn.our_state is not _CONN_OPEN:
-                raise ClosedResourceError  # after send_eof()
-            iov = conn.send_message(frames)
+            try:
+                iov = conn.send_message(frames)
+            except LocalProtocolError:
+                if conn.our_state is not _CONN_OPEN:
+                    raise ClosedResourceError from None  # after send_eof()
+                raise
             trio_lowlevel = self._trio
             yield_due = self._yield_due
             if trio_lowlevel is not None:
@@ -579,7 +567,9 @@ async def establish(
             f"the handshake with {peer_address} took longer than "
             f"handshake_timeout ({options.handshake_timeout:g} s)"
         ) from None
-    receiver: Receiver = PullReceiver(transport, conn)
+    receiver = start_receiver(
+        transport, conn, current_backend(), wake_on_bytes=options.idle_timeout is not None
+    )
     return Comm(
         transport,
         conn,

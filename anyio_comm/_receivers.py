@@ -1,11 +1,32 @@
 """The receive seam: whole messages out of a connection that a transport feeds.
 
+Theory of operation
+-------------------
 A :class:`Receiver` joins a sans-IO :class:`~anyio_comm._sansio.connection.Connection`
 and a :class:`~anyio_comm._transports.base.Transport` and hands the comm one
-whole message at a time, so that the comm does not depend on how the bytes are
-read. :class:`PullReceiver` reads in the receiving task:
-:meth:`~Receiver.receive_nowait` decodes what is buffered and tries the
-transport without waiting, :meth:`~Receiver.wait` waits for the socket.
+whole message at a time. Two engines do that:
+
+* :class:`PullReceiver`: the receiving task does the reading. Its
+  :meth:`~Receiver.receive_nowait` decodes what is buffered and tries the
+  transport without waiting; :meth:`~Receiver.wait` waits for the socket.
+  Used on trio (which has no readiness callbacks) and over byte streams.
+* :class:`PushReceiver`: the event loop does the reading (asyncio and uvloop).
+  The loop's readiness callback receives straight into the buffer the decoder
+  hands out and decodes, as ``asyncio.BufferedProtocol`` does, and wakes the
+  task only when a whole message is there. A small queue of decoded messages
+  absorbs bursts; when it is full the callback stops reading (the kernel's
+  buffers fill and the peer's sends block: backpressure), and the receive
+  that makes room reads again. The queue holds at most
+  :data:`MAX_QUEUED_MESSAGES` messages and :data:`MAX_QUEUED_BYTES` bytes (or
+  one larger message). Stopping is lazy: the callback's registration is
+  dropped only if the socket becomes readable while the queue is full, so a
+  request/reply exchange of large messages, whose queue fills with every
+  message and empties before the next arrives, never changes it.
+
+Both receive the same bytes into the same buffers (a large frame's own buffer,
+without copying) with the same system calls. The push engine saves the
+receiving task a wake-up per read of a message that spans several reads, and
+answers a readable socket within the loop's callback.
 
 Errors: whatever ends the stream (its end, a protocol error, a failed
 connection) is raised by :meth:`~Receiver.receive_nowait` once every message
@@ -14,22 +35,53 @@ before it was taken, and again by every later call.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 from abc import ABCMeta, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
+
+from anyio import ClosedResourceError
 
 from ._compat import final
+from ._sansio.decoder import EndOfData
+from ._sansio.errors import RemoteProtocolError
 
 if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
+    from ._backend import Backend
     from ._sansio.connection import Connection
     from ._transports.base import Transport
 
-__all__ = ["PullReceiver", "Receiver"]
+__all__ = [
+    "MAX_QUEUED_BYTES",
+    "MAX_QUEUED_MESSAGES",
+    "PullReceiver",
+    "PushReceiver",
+    "Receiver",
+    "start_receiver",
+]
+
+#: False: new comms use the pull engine everywhere (``benchmarks/systems/comm_pull.py``
+#: sets it to measure the two engines against each other on asyncio and uvloop)
+USE_PUSH = True
+#: a push receiver stops reading once this many decoded messages wait ...
+MAX_QUEUED_MESSAGES: Final = 64
+#: ... or once they hold this many bytes of frames (a larger message waits alone,
+#: and the next is not started: a stalled consumer costs what it does with the pull
+#: engine, the message it holds and one more)
+MAX_QUEUED_BYTES: Final = 64 * 1024
 
 
 class Receiver(metaclass=ABCMeta):
     """Delivers whole messages; at most one task uses it at a time."""
 
     __slots__ = ()
+
+    #: the comm must check for a pending cancellation before :meth:`wait` (on
+    #: asyncio, a wait whose wake-up is already scheduled when a cancellation
+    #: comes does not raise it; see :class:`PushReceiver` for how it avoids that)
+    check_before_wait: bool = False
 
     @property
     @abstractmethod
@@ -48,9 +100,11 @@ class Receiver(metaclass=ABCMeta):
         """
 
     @abstractmethod
-    async def wait(self) -> None:
-        """Wait until :meth:`receive_nowait` may return something (with an
-        idle timeout to enforce, also until any byte arrives). Always yields.
+    def wait(self) -> Awaitable[None]:
+        """Return an awaitable done when :meth:`receive_nowait` may return
+        something (with an idle timeout to enforce, also when any byte arrives).
+        Awaiting it always yields. A plain method returning the awaitable (the
+        push engine's is a future): one coroutine frame less per wake-up.
 
         Raises:
             anyio.ClosedResourceError: the receiver was closed (also while waiting).
@@ -60,18 +114,20 @@ class Receiver(metaclass=ABCMeta):
     @abstractmethod
     def close(self) -> None:
         """Stop receiving (before the transport closes); wake a waiting task,
-        whose :meth:`wait` raises :exc:`anyio.ClosedResourceError`."""
+        whose next :meth:`receive_nowait` raises :exc:`anyio.ClosedResourceError`."""
 
 
 @final
 class PullReceiver(Receiver):
     """The receiving task reads: try the transport, wait for it when it is empty."""
 
-    __slots__ = ("_conn", "_transport")
+    __slots__ = ("_conn", "_transport", "check_before_wait")
 
-    def __init__(self, transport: Transport, conn: Connection) -> None:
+    def __init__(self, transport: Transport, conn: Connection, *, on_asyncio: bool) -> None:
         self._transport = transport
         self._conn = conn
+        # trio's waits are checkpoints that check first
+        self.check_before_wait = on_asyncio
 
     @property
     def at_message_boundary(self) -> bool:
@@ -92,8 +148,222 @@ class PullReceiver(Receiver):
                     break
         return frames
 
-    async def wait(self) -> None:
-        await self._transport.wait_readable()
+    def wait(self) -> Awaitable[None]:
+        return self._transport.wait_readable()
 
     def close(self) -> None:
         """Nothing to stop: the task reads, and closing the transport wakes it."""
+
+
+def _wake(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
+@final
+class PushReceiver(Receiver):
+    """The event loop reads and decodes; the task takes whole messages (asyncio).
+
+    Create it with :meth:`start`, which returns ``None`` when the transport
+    cannot deliver readiness callbacks.
+
+    Cancellation: AnyIO delivers a cancellation to an asyncio task only while
+    the future it waits for is still pending, retrying once per pass of the
+    event loop. asyncio's own loops run those retries before the I/O callbacks
+    of the next pass, so a waiting task is cancelled before this receiver can
+    complete its future. uvloop runs I/O callbacks first; there (and on any
+    loop not derived from ``asyncio.BaseEventLoop``) the future is completed by
+    a callback scheduled with ``call_soon``, which runs after the retries
+    already queued. Either way no cancellation check is needed before waiting.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_closed",
+        "_conn",
+        "_end",
+        "_loop",
+        "_paused",
+        "_queue",
+        "_queued_bytes",
+        "_reading",
+        "_transport",
+        "_waiter",
+        "_wake_direct",
+        "_wake_on_bytes",
+    )
+
+    def __init__(
+        self,
+        transport: Transport,
+        conn: Connection,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        wake_on_bytes: bool = False,
+    ) -> None:
+        self._transport = transport
+        self._conn = conn
+        self._loop = loop
+        self._wake_on_bytes = wake_on_bytes
+        self._wake_direct = isinstance(loop, asyncio.BaseEventLoop)
+        self._queue: collections.deque[list[memoryview]] = collections.deque()
+        self._queued_bytes = 0
+        # what ended the stream, raised after the queued messages
+        self._end: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        # registered for readiness callbacks; paused: the queue is full (or the
+        # stream ended), so a callback drops the registration instead of reading
+        self._reading = False
+        self._paused = False
+        self._closed = False
+
+    @classmethod
+    def start(
+        cls,
+        transport: Transport,
+        conn: Connection,
+        loop: asyncio.AbstractEventLoop,
+        *,
+        wake_on_bytes: bool = False,
+    ) -> PushReceiver | None:
+        """Return a receiver reading from ``transport`` through the event loop's
+        readiness callbacks, or ``None`` if the transport cannot do that."""
+        receiver = cls(transport, conn, loop, wake_on_bytes=wake_on_bytes)
+        if not transport.start_reading(receiver._on_readable):
+            return None
+        receiver._reading = True
+        receiver._resume()  # bytes that came with the peer's preamble
+        return receiver
+
+    @property
+    def at_message_boundary(self) -> bool:
+        return not self._queue and self._conn.at_message_boundary
+
+    def _on_readable(self) -> None:
+        """The event loop's callback: receive and decode until the socket is
+        drained or the queue is full; wake the task if it has something."""
+        if self._paused:
+            self._stop_reading()  # bytes wait in the kernel until there is room
+            return
+        conn = self._conn
+        get_buffer = conn.get_buffer
+        transport = self._transport
+        transport.readable()
+        receive = transport.receive_into_nowait
+        got_bytes = False
+        try:
+            while True:
+                n = receive(get_buffer())
+                if n is None:
+                    break
+                got_bytes = True
+                if n:
+                    conn.buffer_updated(n)
+                else:
+                    conn.receive_eof()
+                if self._decode() or not n:
+                    break  # the queue is full, or the stream ended
+                # A short read does not mean the source is empty: over TLS,
+                # OpenSSL may still hold a record (close_notify, say). The
+                # transport answers None, without a system call, once it is.
+        except Exception as exc:  # the end, a protocol error, a failure: after the queue
+            self._end = exc
+            self._paused = True
+        waiter = self._waiter
+        if waiter is not None and (
+            self._queue or self._end is not None or (got_bytes and self._wake_on_bytes)
+        ):
+            self._waiter = None
+            if self._wake_direct:
+                if not waiter.done():
+                    waiter.set_result(None)
+            else:
+                self._loop.call_soon(_wake, waiter)
+
+    def _decode(self) -> bool:
+        """Queue every message the decoder can complete; return True if the
+        queue became full (reading is then stopped)."""
+        next_message = self._conn.next_message
+        queue = self._queue
+        while (frames := next_message()) is not None:
+            queue.append(frames)
+            self._queued_bytes += (
+                frames[0].nbytes if len(frames) == 1 else sum(f.nbytes for f in frames)
+            )
+            if self._queued_bytes >= MAX_QUEUED_BYTES or len(queue) >= MAX_QUEUED_MESSAGES:
+                self._paused = True
+                return True
+        return False
+
+    def _resume(self) -> None:
+        """Decode what the decoder already holds, then read from the socket."""
+        try:
+            if self._decode():
+                return
+        except Exception as exc:
+            self._end = exc
+            self._paused = True
+            return
+        self._on_readable()
+
+    def _stop_reading(self) -> None:
+        if self._reading:
+            self._reading = False
+            self._transport.stop_reading()
+
+    def receive_nowait(self) -> list[memoryview] | None:
+        queue = self._queue
+        if queue:
+            frames = queue.popleft()
+            self._queued_bytes -= (
+                frames[0].nbytes if len(frames) == 1 else sum(f.nbytes for f in frames)
+            )
+            if self._paused and self._end is None and not self._closed:
+                # The queue was full; there is room now: read again, starting
+                # with what the decoder already holds (the socket may stay quiet).
+                self._paused = False
+                if not self._reading:
+                    self._reading = self._transport.start_reading(self._on_readable)
+                self._resume()
+            return frames
+        end = self._end
+        if end is None:
+            if self._closed:
+                raise ClosedResourceError
+            return None
+        if isinstance(end, (EndOfData, RemoteProtocolError)):
+            self._conn.next_message()  # the decoder raises it again, as a new exception
+        raise end
+
+    def wait(self) -> asyncio.Future[None]:
+        if self._closed:
+            raise ClosedResourceError
+        waiter = self._waiter = self._loop.create_future()
+        return waiter
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._paused = True
+        self._stop_reading()
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+
+def start_receiver(
+    transport: Transport, conn: Connection, backend: Backend, *, wake_on_bytes: bool = False
+) -> Receiver:
+    """The receive engine for a new comm: push where the event loop can drive the
+    transport (asyncio and uvloop over a socket), pull otherwise.
+
+    Args:
+        wake_on_bytes: the comm enforces an idle timeout: a push receiver wakes
+            its waiting task whenever bytes arrive, not only with whole messages.
+    """
+    if backend.loop is not None and USE_PUSH:
+        push = PushReceiver.start(transport, conn, backend.loop, wake_on_bytes=wake_on_bytes)
+        if push is not None:
+            return push
+    return PullReceiver(transport, conn, on_asyncio=backend.loop is not None)

@@ -444,7 +444,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[1],
         help="frames per message of the TLS workloads (default: 1)",
     )
-    add("--systems", type=csv_list(tuple(SYSTEMS)), default=list(SYSTEMS), help="systems to run")
+    add(
+        "--systems",
+        type=csv_list(tuple(SYSTEMS)),
+        default=[name for name, system in SYSTEMS.items() if not system.diagnostic],
+        help="systems to run (default: all but the diagnostic ones: "
+        + ", ".join(name for name, system in SYSTEMS.items() if system.diagnostic)
+        + ")",
+    )
     add(
         "--backends",
         type=csv_list(("asyncio", "uvloop", "trio")),

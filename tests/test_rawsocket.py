@@ -12,7 +12,8 @@ from anyio import wait_all_tasks_blocked
 from anyio.abc import SocketAttribute
 
 import anyio_comm
-from anyio_comm._transports.rawsocket import IOV_MAX, SocketTransport
+from anyio_comm._receivers import MAX_QUEUED_MESSAGES, PullReceiver, PushReceiver
+from anyio_comm._transports.rawsocket import IOV_MAX, SocketTransport, _LoopReader
 
 from .certs import client_context, server_context
 from .helpers import connected_pair
@@ -58,52 +59,127 @@ async def test_more_buffers_than_iov_max_and_partial_sends() -> None:
         assert [bytes(f) for f in received] == frames
 
 
-async def test_idle_reader_is_unregistered(anyio_backend_name: str) -> None:
+@pytest.mark.parametrize("kind", ["tcp", "unix", "tls1.3", "inproc", "memory"])
+async def test_receive_engine_per_backend_and_transport(
+    kind: str, anyio_backend_name: str
+) -> None:
+    """The event loop reads (push) on asyncio and uvloop over sockets; the task reads
+    (pull) on trio and over byte streams."""
+    async with connected_pair(kind) as (client, server):
+        push = anyio_backend_name == "asyncio" and kind in ("tcp", "unix", "tls1.3")
+        for comm in (client, server):
+            expected = PushReceiver if push else PullReceiver
+            assert type(comm._receiver) is expected  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("kind", ["tcp", "tls1.3"])
+async def test_push_engine_stops_reading_at_its_queue_bound(
+    kind: str, anyio_backend_name: str
+) -> None:
+    """A consumer that stops receiving: the loop's callback decodes up to the queue's
+    bound, then stops reading (no busy loop; the kernel's buffers fill and the peer's
+    sends block); receiving again reads again, and every message arrives in order."""
     if anyio_backend_name != "asyncio":
-        pytest.skip("the persistent reader registration is asyncio/uvloop only")
-    async with connected_pair("tcp") as (client, server):
-        transport = server._transport
-        assert isinstance(transport, SocketTransport)
-        reader = transport._reader
-        assert reader is not None
+        pytest.skip("the push engine runs on asyncio and uvloop")
+    count = 20_000  # 20 MB: more than the kernel's buffers hold
+    async with connected_pair(kind) as (client, server):
+        receiver = server._receiver  # type: ignore[attr-defined]
+        assert isinstance(receiver, PushReceiver)
+        sent = 0
+
+        async def produce() -> None:
+            nonlocal sent
+            for i in range(count):
+                await client.send({"i": i, "pad": b"p" * 1000})
+                sent += 1
+
         async with anyio.create_task_group() as tg:
-            tg.start_soon(server.receive)
-            await wait_all_tasks_blocked()
-            assert reader._registered  # waiting: registered
-            await client.send("first")
-        assert reader._registered  # kept across waits
-        await client.send("nobody is receiving this yet")
-        with anyio.fail_after(5):  # a level-triggered wake-up with no waiter...
-            while reader._registered:  # ...drops the registration: no busy loop
-                await anyio.sleep(0.01)
-        assert await server.receive() == "nobody is receiving this yet"
-        await client.send("again")
-        assert await server.receive() == "again"
+            tg.start_soon(produce)
+            with anyio.fail_after(10):
+                await wait_all_tasks_blocked()  # the producer waits for room
+            assert 0 < sent < count
+            assert not receiver._reading  # stopped: nothing runs for this socket
+            assert receiver._paused
+            assert len(receiver._queue) == MAX_QUEUED_MESSAGES  # 64 KB: the count bound
+            for i in range(count):
+                with anyio.fail_after(10):
+                    assert (await server.receive())["i"] == i
+        assert receiver._reading
 
 
-async def test_loop_without_add_reader_falls_back(anyio_backend_name: str) -> None:
+async def test_push_engine_holds_one_large_message_at_most(anyio_backend_name: str) -> None:
+    """Messages over the byte bound: one waits, and the next is not started (reading
+    stops once more bytes arrive); taking it reads again."""
     if anyio_backend_name != "asyncio":
-        pytest.skip("the fallback replaces the asyncio reader registration")
-
-    class NoAddReader:
-        """Stands in for a loop whose add_reader() raises, like Windows' proactor."""
-
-        async def wait(self) -> None:
-            raise NotImplementedError
-
-        def close(self) -> None:
-            pass
-
+        pytest.skip("the push engine runs on asyncio and uvloop")
+    payload = b"L" * 200_000
     async with connected_pair("tcp") as (client, server):
-        transport = server._transport
-        assert isinstance(transport, SocketTransport)
-        assert transport._reader is not None
-        transport._reader.close()
-        transport._reader = NoAddReader()  # type: ignore[assignment]
+        receiver = server._receiver  # type: ignore[attr-defined]
         async with anyio.create_task_group() as tg:
-            tg.start_soon(client.send, "via the fallback")
-            assert await server.receive() == "via the fallback"
-        assert transport._reader is None
+
+            async def produce() -> None:
+                for _ in range(200):  # 40 MB: more than the kernel's buffers hold
+                    await client.send_frames([payload])
+
+            tg.start_soon(produce)
+            with anyio.fail_after(10):
+                await wait_all_tasks_blocked()
+            assert not receiver._reading
+            assert len(receiver._queue) == 1
+            assert receiver._conn.at_message_boundary  # the next one was not started
+            for _ in range(200):
+                with anyio.fail_after(10):
+                    (frame,) = await server.receive_frames()
+                assert frame == payload
+                assert len(receiver._queue) <= 1
+
+
+async def test_push_engine_wakes_the_task_once_per_message(
+    anyio_backend_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message that arrives in many pieces is decoded by the loop's callback; the
+    receiving task runs once, when it is whole."""
+    if anyio_backend_name != "asyncio":
+        pytest.skip("the push engine runs on asyncio and uvloop")
+    async with connected_pair("tcp") as (client, server):
+        waits = 0
+        original = PushReceiver.wait
+
+        async def counting_wait(receiver: PushReceiver) -> None:
+            nonlocal waits
+            waits += 1
+            await original(receiver)
+
+        monkeypatch.setattr(PushReceiver, "wait", counting_wait)
+        payload = bytes(range(256)) * 40_000  # 10 MB: many reads
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.send_frames, [payload])
+            (frame,) = await server.receive_frames()
+        assert frame == payload
+        assert waits == 1
+
+
+async def test_loop_without_add_reader_falls_back(
+    anyio_backend_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On an event loop without add_reader (Windows' proactor loop), comms read in the
+    task with anyio.wait_readable, and closing still wakes a blocked receive."""
+    if anyio_backend_name != "asyncio":
+        pytest.skip("add_reader is asyncio's")
+
+    def no_add_reader(*args: object) -> None:
+        raise NotImplementedError
+
+    monkeypatch.setattr(_LoopReader, "start", no_add_reader)
+    monkeypatch.setattr(_LoopReader, "wait", no_add_reader)
+    async with connected_pair("tcp") as (client, server):
+        for comm in (client, server):
+            assert type(comm._receiver) is PullReceiver  # type: ignore[attr-defined]
+            assert comm._transport._reader is None  # type: ignore[attr-defined]
+        for i in range(3):
+            await client.send(i)
+            with anyio.fail_after(10):
+                assert await server.receive() == i
         async with anyio.create_task_group() as tg:
 
             async def close_when_blocked() -> None:

@@ -46,6 +46,11 @@ class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
     def receive_into_nowait(self, buffer: memoryview) -> int | None:
         """Receive up to ``len(buffer)`` bytes into ``buffer`` without waiting.
 
+        After a read that got less than it asked for, the socket was empty then
+        and, in request/reply traffic, almost always still is: a socket
+        transport then returns ``None`` without the system call (which would
+        fail with ``EAGAIN``) until :meth:`wait_readable` or :meth:`readable`.
+
         Returns:
             The number of bytes written; 0 at the end of the peer's stream;
             ``None`` when nothing can be received now (then wait with
@@ -71,8 +76,9 @@ class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
     def start_reading(self, callback: Callable[[], None]) -> bool:  # noqa: ARG002
         """Have the event loop call ``callback()`` whenever bytes may be waiting,
         until :meth:`stop_reading`; the callback then receives them with
-        :meth:`receive_into_nowait`. The transport holds ``callback`` (a bound
-        method) weakly: its object going away stops the reading.
+        :meth:`receive_into_nowait`. ``callback`` must be a bound method; the
+        transport holds its object weakly, and that object going away stops the
+        reading.
 
         Returns:
             False when the transport cannot (trio has no readiness callbacks; a

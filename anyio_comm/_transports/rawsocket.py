@@ -80,35 +80,38 @@ except (AttributeError, ValueError, OSError):  # pragma: no cover
 _HAS_SENDMSG: Final = hasattr(socket.socket, "sendmsg")
 
 
+def _call_weakly(
+    owner: weakref.ref[Any], method: Callable[[Any], None], reader: _LoopReader
+) -> None:
+    """The event loop's callback in :meth:`_LoopReader.start` mode: ``method(owner)``
+    while ``owner`` lives (the loop holds this function and the reader, not it)."""
+    target = owner()
+    if target is not None:
+        method(target)
+    else:
+        reader.unregister()
+
+
 class _LoopReader:
     """The socket's reader registration with an asyncio event loop, kept across waits.
 
     Two modes: :meth:`wait` returns a future done at the next readiness (a task
     waits); :meth:`start` calls a callback at every readiness until
-    :meth:`unregister` (a callback-driven receiver). The callback is held
-    through a weak reference, so that the event loop, which holds this object,
-    does not keep the receiver (and the socket) alive.
+    :meth:`unregister` (a callback-driven receiver). The callback's object is
+    held through a weak reference, so that the event loop, which holds the
+    registration, does not keep the receiver (and the socket) alive.
     """
 
-    __slots__ = ("_callback", "_fd", "_future", "_idle_wakeups", "_loop", "_registered")
+    __slots__ = ("_fd", "_future", "_idle_wakeups", "_loop", "_registered")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
         self._loop = loop
         self._fd = fd
         self._future: asyncio.Future[None] | None = None
-        self._callback: weakref.WeakMethod[Callable[[], None]] | None = None
         self._registered = False
         self._idle_wakeups = 0
 
     def _on_readable(self) -> None:
-        if self._callback is not None:
-            callback = self._callback()
-            if callback is not None:
-                callback()
-                return
-            self._callback = None  # its receiver is gone
-            self.unregister()
-            return
         future = self._future
         if future is not None:
             self._future = None
@@ -140,15 +143,16 @@ class _LoopReader:
         return future
 
     def start(self, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` (a bound method, held weakly) at every readiness.
+        """Call ``callback()`` (a bound method, its object held weakly) at every
+        readiness, instead of waking :meth:`wait`'s futures.
 
         Raises:
             NotImplementedError: the event loop has no ``add_reader``.
         """
-        self._callback = weakref.WeakMethod(callback)
-        if not self._registered:
-            self._loop.add_reader(self._fd, self._on_readable)
-            self._registered = True
+        owner = weakref.ref(callback.__self__)  # type: ignore[attr-defined]
+        method = callback.__func__  # type: ignore[attr-defined]
+        self._loop.add_reader(self._fd, _call_weakly, owner, method, self)
+        self._registered = True
 
     def unregister(self) -> None:
         if self._registered:
@@ -284,7 +288,6 @@ class SocketTransport(Transport, SocketStream):
         await self._wait(readable=True)
 
     def readable(self) -> None:
-        """The event loop said the socket is readable: the next attempt tries it."""
         self._drained = False
 
     def start_reading(self, callback: Callable[[], None]) -> bool:

@@ -215,7 +215,6 @@ class TLSTransport(Transport):
         await self._inner.wait_readable()
 
     def readable(self) -> None:
-        """The event loop said the socket under TLS is readable."""
         self._inner.readable()
 
     def start_reading(self, callback: Callable[[], None]) -> bool:

@@ -40,6 +40,7 @@ class System:
     modules: tuple[tuple[str, str], ...]  # (backend, module under benchmarks.systems)
     requires: tuple[str, ...] = ()  # importable packages the system needs
     blocking: bool = False  # client is synchronous and runs in threads
+    diagnostic: bool = False  # measured only when named in --systems, not by default
     description: str = ""
 
     def module(self, backend: str) -> ModuleType:
@@ -63,6 +64,15 @@ SYSTEMS: dict[str, System] = {
             ASYNC_BACKENDS,
             tuple((backend, "comm") for backend in ASYNC_BACKENDS),
             description="anyio_comm.connect/listen, messages {'data': [frames]}",
+        ),
+        System(
+            "anyio-comm-pull",
+            ("asyncio", "uvloop"),
+            ("asyncio", "uvloop"),
+            tuple((backend, "comm_pull") for backend in ("asyncio", "uvloop")),
+            diagnostic=True,
+            description="anyio-comm with the pull receive engine (the receiving task reads), "
+            "to compare with the default push engine on asyncio and uvloop",
         ),
         System(
             "floor",
