@@ -121,11 +121,14 @@ class Receiver(metaclass=ABCMeta):
 class PullReceiver(Receiver):
     """The receiving task reads: try the transport, wait for it when it is empty."""
 
-    __slots__ = ("_conn", "_transport", "check_before_wait")
+    __slots__ = ("_conn", "_empty", "_transport", "check_before_wait")
 
     def __init__(self, transport: Transport, conn: Connection, *, on_asyncio: bool) -> None:
         self._transport = transport
         self._conn = conn
+        # The last read from a plain socket came up short: it is empty, so do
+        # not try it again before waiting.
+        self._empty = False
         # trio's waits are checkpoints that check first
         self.check_before_wait = on_asyncio
 
@@ -136,28 +139,32 @@ class PullReceiver(Receiver):
     def receive_nowait(self) -> list[memoryview] | None:
         conn = self._conn
         frames = conn.next_message()
-        if frames is None:
+        if frames is None and not self._empty:
             transport = self._transport
-            while (n := transport.receive_into_nowait(conn.get_buffer())) is not None:
+            get_buffer = conn.get_buffer
+            while True:
+                buffer = get_buffer()
+                n = transport.receive_into_nowait(buffer)
+                if n is None:
+                    break
                 if n:
                     conn.buffer_updated(n)
                 else:
                     conn.receive_eof()
                 frames = conn.next_message()
+                if n < buffer.nbytes and not transport.buffers_data:
+                    self._empty = True
+                    break
                 if frames is not None:
                     break
         return frames
 
     def wait(self) -> Awaitable[None]:
+        self._empty = False
         return self._transport.wait_readable()
 
     def close(self) -> None:
         """Nothing to stop: the task reads, and closing the transport wakes it."""
-
-
-def _wake(waiter: asyncio.Future[None]) -> None:
-    if not waiter.done():
-        waiter.set_result(None)
 
 
 @final
@@ -171,10 +178,12 @@ class PushReceiver(Receiver):
     the future it waits for is still pending, retrying once per pass of the
     event loop. asyncio's own loops run those retries before the I/O callbacks
     of the next pass, so a waiting task is cancelled before this receiver can
-    complete its future. uvloop runs I/O callbacks first; there (and on any
-    loop not derived from ``asyncio.BaseEventLoop``) the future is completed by
-    a callback scheduled with ``call_soon``, which runs after the retries
-    already queued. Either way no cancellation check is needed before waiting.
+    complete its future: no check is needed before waiting. uvloop runs I/O
+    callbacks first; there (and on any loop not derived from
+    ``asyncio.BaseEventLoop``) :attr:`check_before_wait` asks the comm to check
+    for a pending cancellation before each wait. (Completing the future through
+    ``call_soon`` instead, behind AnyIO's retries, measured slower at 1 KB: a
+    pass of the loop per message costs more than the check.)
     """
 
     __slots__ = (
@@ -189,8 +198,8 @@ class PushReceiver(Receiver):
         "_reading",
         "_transport",
         "_waiter",
-        "_wake_direct",
         "_wake_on_bytes",
+        "check_before_wait",
     )
 
     def __init__(
@@ -205,7 +214,7 @@ class PushReceiver(Receiver):
         self._conn = conn
         self._loop = loop
         self._wake_on_bytes = wake_on_bytes
-        self._wake_direct = isinstance(loop, asyncio.BaseEventLoop)
+        self.check_before_wait = not isinstance(loop, asyncio.BaseEventLoop)
         self._queue: collections.deque[list[memoryview]] = collections.deque()
         self._queued_bytes = 0
         # what ended the stream, raised after the queued messages
@@ -250,10 +259,12 @@ class PushReceiver(Receiver):
         transport = self._transport
         transport.readable()
         receive = transport.receive_into_nowait
+        drains = not transport.buffers_data
         got_bytes = False
         try:
             while True:
-                n = receive(get_buffer())
+                buffer = get_buffer()
+                n = receive(buffer)
                 if n is None:
                     break
                 got_bytes = True
@@ -261,11 +272,12 @@ class PushReceiver(Receiver):
                     conn.buffer_updated(n)
                 else:
                     conn.receive_eof()
-                if self._decode() or not n:
-                    break  # the queue is full, or the stream ended
-                # A short read does not mean the source is empty: over TLS,
-                # OpenSSL may still hold a record (close_notify, say). The
-                # transport answers None, without a system call, once it is.
+                if self._decode() or not n or (drains and n < buffer.nbytes):
+                    # The queue is full, the stream ended, or a plain socket is
+                    # empty. (A short read over TLS does not mean that: OpenSSL
+                    # may still hold a record, close_notify say, so read on
+                    # until the transport answers None.)
+                    break
         except Exception as exc:  # the end, a protocol error, a failure: after the queue
             self._end = exc
             self._paused = True
@@ -274,11 +286,8 @@ class PushReceiver(Receiver):
             self._queue or self._end is not None or (got_bytes and self._wake_on_bytes)
         ):
             self._waiter = None
-            if self._wake_direct:
-                if not waiter.done():
-                    waiter.set_result(None)
-            else:
-                self._loop.call_soon(_wake, waiter)
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _decode(self) -> bool:
         """Queue every message the decoder can complete; return True if the

@@ -34,6 +34,12 @@ class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
 
     __slots__ = ()
 
+    #: the transport can hold received bytes of its own (OpenSSL's records, a
+    #: byte stream's pending chunk), so a read that returned less than asked for
+    #: does not mean nothing more can be received without waiting; a plain socket
+    #: cannot, so there a short read means the socket is empty
+    buffers_data: bool = True
+
     async def handshake(self) -> None:
         """Run the transport's own handshake, if any (TLS); a no-op by default."""
 

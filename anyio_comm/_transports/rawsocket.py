@@ -181,6 +181,8 @@ class _LoopReader:
 class SocketTransport(Transport, SocketStream):
     """Byte transport over a connected stream socket that this object owns."""
 
+    buffers_data = False
+
     __slots__ = (
         "_closed",
         "_drained",
