@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
+import trustme
 from anyio import BrokenResourceError, EndOfStream
 from anyio.abc import SocketAttribute
 from anyio.streams.buffered import BufferedByteReceiveStream
@@ -280,21 +281,57 @@ async def test_certificate_verification_failures(
         await assert_round_trip(listener.address, good_client, **good_kwargs)
 
 
+def tls_failure_reason(error: BaseException) -> str:
+    """The OpenSSL reason behind a failed connect or receive: the ``ssl.SSLError``
+    itself (TLS 1.2: the client's handshake fails) or the one that caused a
+    BrokenResourceError (TLS 1.3: the server's alert comes after the client's
+    handshake completed)."""
+    if isinstance(error, BrokenResourceError):
+        error = error.__cause__  # type: ignore[assignment]
+    assert isinstance(error, ssl.SSLError), repr(error)
+    assert not isinstance(error, ssl.SSLEOFError), "the peer's alert was lost"
+    return str(error.reason)
+
+
+async def connect_and_receive(address: str, ctx: ssl.SSLContext) -> BaseException:
+    """What connecting with ``ctx`` and receiving once raises."""
+    with anyio.fail_after(10):
+        try:
+            async with await anyio_comm.connect(address, ssl_context=ctx, timeout=10) as comm:
+                await comm.receive()
+        except (ssl.SSLError, BrokenResourceError) as exc:
+            return exc
+    raise AssertionError("the connection did not fail")
+
+
 async def test_missing_client_certificate_under_mutual_tls(
     tls_version: ssl.TLSVersion, caplog: LogCaptureFixture
 ) -> None:
-    """SSLError from connect (TLS 1.2), or a BrokenResourceError caused by one (TLS 1.3)."""
+    """The client learns why: the server's alert (handshake failure, or certificate
+    required on TLS 1.3), not an EOF; the listener keeps serving."""
     caplog.set_level(logging.DEBUG, logger="anyio_comm")
     server_ctx = server_context(tls_version, require_client_cert=True)
     async with anyio_comm.listen("tls://127.0.0.1:0", echo, ssl_context=server_ctx) as listener:
-        with anyio.fail_after(10), pytest.raises((ssl.SSLError, BrokenResourceError)) as info:
-            # TLS 1.3: the server's alert arrives after the client finished its handshake
-            async with await anyio_comm.connect(
-                listener.address, ssl_context=client_context(tls_version), timeout=10
-            ) as comm:
-                await comm.receive()
-        if isinstance(info.value, BrokenResourceError):
-            assert isinstance(info.value.__cause__, ssl.SSLError)
+        error = await connect_and_receive(listener.address, client_context(tls_version))
+        reason = tls_failure_reason(error)
+        assert "HANDSHAKE_FAILURE" in reason or "CERTIFICATE_REQUIRED" in reason, reason
+        await wait_for_debug_log(caplog)
+        await assert_round_trip(listener.address, client_context(tls_version, with_cert=True))
+
+
+async def test_untrusted_client_certificate_alert_reaches_the_client(
+    tls_version: ssl.TLSVersion, caplog: LogCaptureFixture
+) -> None:
+    """A server handshake that fails sends its alert before closing: a client with a
+    certificate from another CA sees "unknown CA" (dask, for one, decides from that
+    reason not to retry)."""
+    caplog.set_level(logging.DEBUG, logger="anyio_comm")
+    server_ctx = server_context(tls_version, require_client_cert=True)
+    stranger = client_context(tls_version)
+    trustme.CA().issue_cert("client@example.org").configure_cert(stranger)
+    async with anyio_comm.listen("tls://127.0.0.1:0", echo, ssl_context=server_ctx) as listener:
+        error = await connect_and_receive(listener.address, stranger)
+        assert "UNKNOWN_CA" in tls_failure_reason(error)
         await wait_for_debug_log(caplog)
         await assert_round_trip(listener.address, client_context(tls_version, with_cert=True))
 

@@ -33,13 +33,15 @@ in the outgoing BIO for the next send.
 
 Errors: a failed handshake raises the ``ssl.SSLError`` itself (for an
 untrusted or expired certificate or a hostname mismatch,
-``ssl.SSLCertVerificationError``); a TLS error after the handshake (an alert
-from the peer, a bad record) is :exc:`anyio.BrokenResourceError` caused by
-the ``ssl.SSLError``.
+``ssl.SSLCertVerificationError``), after sending the alert OpenSSL wrote, so
+that the peer learns the reason too; a TLS error after the handshake (an
+alert from the peer, a bad record) is :exc:`anyio.BrokenResourceError` caused
+by the ``ssl.SSLError``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 from typing import TYPE_CHECKING, Any, Final
 
@@ -168,6 +170,12 @@ class TLSTransport(Transport):
             except ssl.SSLWantReadError:
                 await self._flush()
                 await self._fill()
+            except ssl.SSLError:
+                # OpenSSL wrote an alert saying why (unknown CA, no certificate,
+                # ...): send it, so the peer sees the reason rather than an EOF.
+                with contextlib.suppress(BrokenResourceError, ClosedResourceError):
+                    await self._flush()
+                raise
             else:
                 break
         await self._flush()
