@@ -13,6 +13,13 @@ _HAVE_UVLOOP = importlib.util.find_spec("uvloop") is not None
 _HAVE_TRIO = importlib.util.find_spec("trio") is not None
 
 
+def needs(package: str, value: object, **kwargs: object) -> object:
+    """``value`` as a parameter that is skipped when ``package`` (uvloop, trio) is missing."""
+    have = {"uvloop": _HAVE_UVLOOP, "trio": _HAVE_TRIO}[package]
+    mark = pytest.mark.skipif(not have, reason=f"{package} is not installed")
+    return pytest.param(value, marks=mark, **kwargs)  # type: ignore[arg-type]
+
+
 def _has_ipv6() -> bool:
     if not socket.has_ipv6:
         return False
@@ -43,16 +50,8 @@ HAVE_UNIX = hasattr(socket, "AF_UNIX") and sys.platform != "win32"
 @pytest.fixture(
     params=[
         pytest.param(("asyncio", {}), id="asyncio"),
-        pytest.param(
-            ("asyncio", {"use_uvloop": True}),
-            id="asyncio+uvloop",
-            marks=pytest.mark.skipif(not _HAVE_UVLOOP, reason="uvloop is not installed"),
-        ),
-        pytest.param(
-            ("trio", {}),
-            id="trio",
-            marks=pytest.mark.skipif(not _HAVE_TRIO, reason="trio is not installed"),
-        ),
+        needs("uvloop", ("asyncio", {"use_uvloop": True}), id="asyncio+uvloop"),
+        needs("trio", ("trio", {}), id="trio"),
     ]
 )
 def anyio_backend(request: pytest.FixtureRequest) -> tuple[str, dict[str, object]]:

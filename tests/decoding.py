@@ -5,10 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from anyio_comm._sansio.connection import Connection
     from anyio_comm._sansio.decoder import FrameDecoder
 
 
-def receive_into(decoder: FrameDecoder, data: memoryview) -> memoryview:
+def receive_into(decoder: FrameDecoder | Connection, data: memoryview) -> memoryview:
     """Copy the start of ``data`` into the buffer the decoder offers, as one ``recv_into``
     would, and report it; return the rest of ``data``."""
     buffer = decoder.get_buffer()

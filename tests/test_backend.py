@@ -13,21 +13,14 @@ import anyio_comm
 from anyio_comm._backend import current_backend
 
 from .certs import client_context, server_context
+from .conftest import needs
 from .helpers import ADDRESS_TRANSPORTS, listen_address
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("trio") is None, reason="trio is not installed"
 )
 
-HOSTS = [
-    "asyncio",
-    pytest.param(
-        "uvloop",
-        marks=pytest.mark.skipif(
-            importlib.util.find_spec("uvloop") is None, reason="uvloop is not installed"
-        ),
-    ),
-]
+HOSTS = ["asyncio", needs("uvloop", "uvloop")]
 
 
 def run_as_guest(host: str, trio_main: Any) -> Any:

@@ -22,24 +22,12 @@ import pytest
 
 from anyio_comm._bench._common import format_size, parse_size
 
+from .conftest import needs
+
 ROOT = Path(__file__).parents[1]
 TIMEOUT = 60  # seconds for any one command
 TINY = ["--seconds", "0.3", "--warmup", "0.1"]
-BACKENDS = [
-    "asyncio",
-    pytest.param(
-        "uvloop",
-        marks=pytest.mark.skipif(
-            importlib.util.find_spec("uvloop") is None, reason="uvloop is not installed"
-        ),
-    ),
-    pytest.param(
-        "trio",
-        marks=pytest.mark.skipif(
-            importlib.util.find_spec("trio") is None, reason="trio is not installed"
-        ),
-    ),
-]
+BACKENDS = ["asyncio", needs("uvloop", "uvloop"), needs("trio", "trio")]
 # (size, frames, processes, extra options): one run of each per backend
 WORKLOADS = {
     "small": ("1000", 1, 1, ["--raw-frames"]),

@@ -9,6 +9,8 @@ from anyio_comm._sansio.connection import Connection, ConnectionState
 from anyio_comm._sansio.decoder import EndOfData
 from anyio_comm._sansio.wire import encode_header
 
+from ..decoding import receive_into
+
 OPEN, CLOSED, ERROR, HANDSHAKE = (
     ConnectionState.OPEN,
     ConnectionState.CLOSED,
@@ -24,11 +26,7 @@ def deliver(receiver: Connection, data: bytes) -> list[list[bytes]]:
     messages: list[list[bytes]] = []
     view = memoryview(data)
     while view:
-        buffer = receiver.get_buffer()
-        n = min(buffer.nbytes, view.nbytes)
-        buffer[:n] = view[:n]
-        receiver.buffer_updated(n)
-        view = view[n:]
+        view = receive_into(receiver, view)
         if receiver.peer is not None:
             while (message := receiver.next_message()) is not None:
                 messages.append([bytes(f) for f in message])
