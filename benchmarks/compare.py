@@ -11,6 +11,8 @@ of each case. Systems (``benchmarks/systems/``, one module each):
   (asyncio, uvloop) or ``trio.socket`` ``recv_into``/``sendmsg`` (trio);
 * ``floor-blocking``: blocking sockets, a server thread per connection,
   ``recv_into``/``sendmsg`` (backend ``threads``);
+* ``floor-reader`` (diagnostic, only when named in ``--systems``): the asyncio
+  floor's server with its own sockets, read in ``loop.add_reader`` callbacks;
 * ``anyio-streams``: plain AnyIO TCP streams (``TLSStream`` over TLS);
 * ``dask``: ``distributed.comm`` over ``tcp://`` / ``tls://`` on asyncio;
 * ``zmq``: pyzmq DEALER/ROUTER with ``zmq.asyncio`` (plain TCP only).
@@ -18,12 +20,14 @@ of each case. Systems (``benchmarks/systems/``, one module each):
 The floors and anyio-streams frame a message as an 8-byte frame count, 8-byte
 lengths, then the frames. A workload is a frame size (``--sizes``), a number of
 concurrent connections in the client process (``--concurrency``), a number of
-frames per message (``--frames``) and TLS on or off (``--tls``); with
-``--gil-hold`` every server process also runs a thread that holds the GIL in a
-busy loop, and the report compares the systems under that load. Each case runs
-in a fresh server process pinned to one CPU and a fresh client process pinned
-to another (see :mod:`benchmarks._harness`). A system whose package is
-missing is skipped with a note.
+frames per message (``--frames``) and TLS on or off (``--tls``), plus the
+many-connections workload (``--many``, default 8 KB frames over 200 connections,
+one frame per message, plain and TLS); with ``--gil-hold`` every server process
+also runs a thread that holds the GIL in a busy loop, and the report compares
+the systems under that load. Each case runs in a fresh server process pinned
+to one CPU and a fresh client process pinned to another (see
+:mod:`benchmarks._harness`). A system whose package is missing is skipped with
+a note.
 
 Run from the repository root::
 
@@ -71,6 +75,7 @@ SIZES = (1_000, 10_000, 100_000, 1_000_000, 10_000_000)
 QUICK_SIZES = (1_000, 1_000_000)
 TLS_SIZES = (1_000, 1_000_000, 10_000_000)
 QUICK_TLS = ((1_000, 4), (1_000_000, 1))  # (size, concurrency) of the --quick TLS workloads
+MANY = (8_000, 200)  # (frame size, connections) of the many-connections workload
 TLS_VERSION = "1.3"
 STRETCH = 20.0  # most seconds a window waits past its end for its first round trip
 
@@ -175,6 +180,11 @@ class _Window:
                 return False
         return True
 
+    def begin(self) -> None:
+        """Make ``start`` and ``end``, so far relative, count from now."""
+        self.start += time.perf_counter()
+        self.end += self.start
+
     def open(self) -> bool:
         """Whether the window is still open (or stretched, waiting for a first round trip)."""
         now = time.perf_counter()
@@ -193,8 +203,7 @@ async def _async_load(
                 await module.open_client(stack, address, case, ssl_context)
                 for _ in range(case.concurrency)
             ]
-        window.start += time.perf_counter()
-        window.end += window.start
+        window.begin()
 
         async def worker(roundtrip: Any) -> None:
             while True:
@@ -227,10 +236,10 @@ def _blocking_load(
             module.open_blocking(stack, address, case, ssl_context)
             for _ in range(case.concurrency)
         ]
-        window.start += time.perf_counter()
-        window.end += window.start
+        go = threading.Event()
 
         def worker(roundtrip: Any) -> None:
+            go.wait()
             try:
                 while True:
                     t0 = time.perf_counter()
@@ -243,6 +252,8 @@ def _blocking_load(
         threads = [threading.Thread(target=worker, args=(rt,), daemon=True) for rt in roundtrips]
         for thread in threads:
             thread.start()
+        window.begin()  # once every thread runs: starting 200 of them takes a while
+        go.set()
         time.sleep(max(0.0, window.start - time.perf_counter()))
         cpu0 = time.process_time()
         conn.send("mark")
@@ -266,7 +277,7 @@ def client_main(
 ) -> dict[str, Any]:
     """Entry point of the client process: run the load, return the measurements."""
     ssl_context = client_context(tls, case.tls)
-    # made absolute when the connections are open
+    # made absolute (begin) when the connections are open
     window = _Window(start=timing.warmup, end=timing.seconds, max_count=timing.max_count)
     if SYSTEMS[case.system].blocking:
         cpu0, cpu1 = _blocking_load(conn, case, address, ssl_context, window)
@@ -351,7 +362,12 @@ def run_matrix(
 
 
 def build_cases(args: argparse.Namespace) -> list[Case]:
-    """The matrix: for each workload (size, concurrency, frames, TLS), every system and backend."""
+    """The matrix: for each workload (size, concurrency, frames, TLS), every system and backend.
+
+    The workloads are the cross product of sizes, concurrencies and frames (TLS ones limited
+    to ``--tls-sizes`` and ``--tls-frames``, or to ``QUICK_TLS`` with ``--quick``), then the
+    many-connections workload (``--many``: one frame per message) in every TLS mode.
+    """
     workloads: list[tuple[int, int, int, str | None]] = []
     for size in args.sizes:
         for concurrency in args.concurrency:
@@ -364,6 +380,11 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
                     ):
                         continue
                     workloads.append((size, concurrency, frames, tls))
+    if args.many is not None:
+        size, connections = args.many
+        for tls in args.tls_modes:
+            if (size, connections, 1, tls) not in workloads:
+                workloads.append((size, connections, 1, tls))
     cases = []
     for size, concurrency, frames, tls in workloads:
         for name in args.systems:
@@ -420,6 +441,19 @@ def _size(text: str) -> int:
     return value
 
 
+def _many(text: str) -> list[int]:
+    """``SIZE,CONNECTIONS`` (``8e3,200``) as ``[8000, 200]``."""
+    items = text.split(",")
+    try:
+        if len(items) != 2:
+            raise ValueError(text)
+        return [_size(items[0]), _harness.positive_int(items[1])]
+    except (ValueError, argparse.ArgumentTypeError):
+        raise argparse.ArgumentTypeError(
+            f"expected SIZE,CONNECTIONS such as 8e3,200, got {text!r}"
+        ) from None
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line; fill in the defaults of the full or the --quick matrix."""
     parser = _harness.argument_parser("compare", __doc__)
@@ -428,7 +462,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--quick",
         action="store_true",
         help="short matrix: sizes 1e3,1e6, c=1,4, 1 frame, TLS only for 1e3 c=4 and 1e6 c=1, "
-        "0.5 s per case",
+        "plus the many-connections workload, 0.5 s per case",
     )
     add("--sizes", type=csv_list(None, _size), help="frame sizes in bytes (default: 1e3,...,1e7)")
     add("--concurrency", type=csv_list(None, int), help="connections per client (default: 1,4)")
@@ -444,6 +478,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[1],
         help="frames per message of the TLS workloads (default: 1)",
     )
+    add(
+        "--many",
+        type=_many,
+        default=list(MANY),
+        metavar="SIZE,CONNECTIONS",
+        help="the many-connections workload, one frame per message, plain and TLS, added to "
+        "the matrix (default: 8e3,200)",
+    )
+    add("--no-many", action="store_true", help="leave the many-connections workload out")
     add(
         "--systems",
         type=csv_list(tuple(SYSTEMS)),
@@ -481,6 +524,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.warmup = args.warmup if args.warmup is not None else (0.2 if quick else 0.3)
     args.repeat = args.repeat or (1 if quick else 2)
     args.tls_modes = {"off": [None], "on": [TLS_VERSION], "both": [None, TLS_VERSION]}[args.tls]
+    if args.no_many:
+        args.many = None
     if not 0 < args.seconds <= 60 or not 0 <= args.warmup <= 10 or not 0 < args.repeat <= 20:
         parser.error("--seconds must be in (0, 60], --warmup in [0, 10], --repeat in 1..20")
     return args

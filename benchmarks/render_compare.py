@@ -6,10 +6,14 @@ Usage (from the repository root)::
         benchmarks/results/compare.md --plot benchmarks/results/compare.png
 
 The report has the round trips per second of every workload and system, then
-the ratios that the targets are about, each computed from cases of the same
-run: anyio-comm over the floor of the same backend, over dask, pyzmq and AnyIO
-streams, trio over asyncio, and server CPU per 1 KB request. A cell with a
-target is marked ✓ (met) or ✗ (missed); the misses are listed at the end. A
+the ratios and figures that the targets are about, each computed from cases of
+the same run: anyio-comm over the floor of the same backend, over AnyIO
+streams, dask, pyzmq and the blocking floor, trio over asyncio; server CPU per
+message at 1, 10 and 100 KB (with the diagnostic ``floor-reader``'s when it
+ran); and, for the many-connections workload (``--many``), round trips per
+second with p50 and p99 latency of every system. A cell with a target is
+marked ✓ (met) or ✗ (missed), the targets are stated at the top of the report
+and the misses listed at the end; figures without a mark are for reference. A
 ``--gil-hold`` run (a GIL-holding thread in every server) has one ratio table
 instead: anyio-comm on each backend over dask, whose requests per second it
 must at least match, and over the other systems for reference.
@@ -26,7 +30,11 @@ from typing import Any
 Key = tuple[str, str, int, int, int, "str | None"]
 Workload = tuple[int, int, int, "str | None"]  # size, concurrency, frames, tls
 BACKENDS = ("asyncio", "uvloop", "trio")
-FLOOR_SIZES = (1_000, 100_000, 1_000_000, 10_000_000)
+SMALL_SIZES = (1_000, 10_000, 100_000)  # frame sizes of the floor and server CPU targets
+TARGET_CONCURRENCY = (1, 4)  # concurrencies of the floor and server CPU targets
+CPU_TARGET = 1.3  # most server CPU per message of anyio-comm, in floors of the same backend
+FLOOR_TARGET = 0.9  # least rt/s of anyio-comm on asyncio and uvloop, in floors
+TLS_FLOOR_TARGET = 0.8  # least rt/s of anyio-comm on uvloop over TLS, 1 KB c=4, in floor-blocking
 
 
 def _size(nbytes: int) -> str:
@@ -53,68 +61,77 @@ def _index(data: dict[str, Any]) -> tuple[dict[Key, dict[str, Any]], list[Worklo
     return ok, workloads
 
 
+def _many(data: dict[str, Any]) -> tuple[int, int] | None:
+    """(frame size, connections) of the run's many-connections workload (``--many``), if any."""
+    many = data["metadata"]["options"].get("many")
+    return None if many is None else (many[0], many[1])
+
+
+def _is_many(w: Workload, many: tuple[int, int] | None) -> bool:
+    return many is not None and (w[0], w[1], w[2]) == (*many, 1)
+
+
 # A ratio column: title, numerator (system, backend), denominator (system, backend),
 # and the target of a workload: (">=" | ">" | "<=", threshold) or None.
 Column = tuple[str, tuple[str, str], tuple[str, str], Any]
 
 
 def _floor_target(w: Workload) -> tuple[str, float] | None:
-    size, _, frames, _ = w
-    return (">=", 0.9) if frames == 1 and size in FLOOR_SIZES else None
-
-
-def _dask_target(w: Workload) -> tuple[str, float] | None:
-    size, _, frames, tls = w
-    if tls:
-        return None
-    if size == 1_000 and frames == 1:
-        return (">=", 3.0)
-    if size == 1_000_000 and frames in (1, 5):
-        return (">=", 2.0)
+    size, conc, frames, _ = w
+    if frames == 1 and size in SMALL_SIZES and conc in TARGET_CONCURRENCY:
+        return (">=", FLOOR_TARGET)
     return None
 
 
 def _tls_floor_target(w: Workload) -> tuple[str, float] | None:
     size, conc, frames, _ = w
-    if frames != 1:
-        return None
-    if size == 1_000_000:
-        return (">=", 0.85)
-    if size == 1_000 and conc == 4:
-        return (">=", 0.8)
-    return None
+    return (">=", TLS_FLOOR_TARGET) if (size, conc, frames) == (1_000, 4, 1) else None
 
 
 def _ahead(w: Workload) -> tuple[str, float]:  # noqa: ARG001
     return (">", 1.0)
 
 
-def _trio(w: Workload) -> tuple[str, float]:  # noqa: ARG001
-    return (">=", 0.85)
+def _ratio(title: str, num: tuple[str, str], den: tuple[str, str], target: Any = None) -> Column:
+    return (title, num, den, target)
+
+
+def _streams_columns() -> list[Column]:
+    return [
+        _ratio(f"/ streams {b}", ("anyio-comm", b), ("anyio-streams", b), _ahead) for b in BACKENDS
+    ]
 
 
 PLAIN_COLUMNS: list[Column] = [
-    *((f"/ floor {b}", ("anyio-comm", b), ("floor", b), _floor_target) for b in BACKENDS),
-    ("/ dask (asyncio)", ("anyio-comm", "asyncio"), ("dask", "asyncio"), _dask_target),
-    ("/ zmq (asyncio)", ("anyio-comm", "asyncio"), ("zmq", "asyncio"), _ahead),
-    *((f"/ streams {b}", ("anyio-comm", b), ("anyio-streams", b), _ahead) for b in BACKENDS),
-    ("asyncio / floor-blocking", ("anyio-comm", "asyncio"), ("floor-blocking", "threads"), None),
-    ("trio / asyncio", ("anyio-comm", "trio"), ("anyio-comm", "asyncio"), _trio),
-]
-TLS_COLUMNS: list[Column] = [
     *(
-        (
-            f"{b} / floor-blocking",
+        _ratio(
+            f"/ floor {b}",
             ("anyio-comm", b),
-            ("floor-blocking", "threads"),
-            _tls_floor_target,
+            ("floor", b),
+            _floor_target if b in ("asyncio", "uvloop") else None,
         )
         for b in BACKENDS
     ),
-    *((f"/ floor {b}", ("anyio-comm", b), ("floor", b), None) for b in ("asyncio", "uvloop")),
-    ("/ dask (asyncio)", ("anyio-comm", "asyncio"), ("dask", "asyncio"), None),
-    *((f"/ streams {b}", ("anyio-comm", b), ("anyio-streams", b), _ahead) for b in BACKENDS),
-    ("trio / asyncio", ("anyio-comm", "trio"), ("anyio-comm", "asyncio"), _trio),
+    *_streams_columns(),
+    _ratio("/ dask (asyncio)", ("anyio-comm", "asyncio"), ("dask", "asyncio")),
+    _ratio("/ zmq (asyncio)", ("anyio-comm", "asyncio"), ("zmq", "asyncio")),
+    _ratio("asyncio / floor-blocking", ("anyio-comm", "asyncio"), ("floor-blocking", "threads")),
+    _ratio("trio / asyncio", ("anyio-comm", "trio"), ("anyio-comm", "asyncio")),
+]
+TLS_COLUMNS: list[Column] = [
+    *(
+        _ratio(
+            f"{b} / floor-blocking",
+            ("anyio-comm", b),
+            ("floor-blocking", "threads"),
+            _tls_floor_target if b == "uvloop" else None,
+        )
+        for b in BACKENDS
+    ),
+    *_streams_columns(),
+    *(_ratio(f"/ floor {b}", ("anyio-comm", b), ("floor", b)) for b in ("asyncio", "uvloop")),
+    _ratio("/ dask (asyncio)", ("anyio-comm", "asyncio"), ("dask", "asyncio")),
+    _ratio("trio / asyncio", ("anyio-comm", "trio"), ("anyio-comm", "asyncio")),
 ]
 
 
@@ -123,9 +140,9 @@ def _at_least(w: Workload) -> tuple[str, float]:  # noqa: ARG001
 
 
 GIL_COLUMNS: list[Column] = [
-    *((f"{b} / dask", ("anyio-comm", b), ("dask", "asyncio"), _at_least) for b in BACKENDS),
-    *((f"/ floor {b}", ("anyio-comm", b), ("floor", b), None) for b in BACKENDS),
-    ("asyncio / zmq", ("anyio-comm", "asyncio"), ("zmq", "asyncio"), None),
+    *(_ratio(f"{b} / dask", ("anyio-comm", b), ("dask", "asyncio"), _at_least) for b in BACKENDS),
+    *(_ratio(f"/ floor {b}", ("anyio-comm", b), ("floor", b)) for b in BACKENDS),
+    _ratio("asyncio / zmq", ("anyio-comm", "asyncio"), ("zmq", "asyncio")),
 ]
 
 
@@ -137,6 +154,10 @@ def _meets(op: str, value: float, threshold: float) -> bool:
     return value <= threshold
 
 
+def _mark(met: bool) -> str:
+    return " ✓" if met else " ✗"
+
+
 def _ratio_table(
     ok: dict[Key, dict[str, Any]],
     workloads: list[Workload],
@@ -144,13 +165,19 @@ def _ratio_table(
     misses: list[str],
     mode: str,
 ) -> list[str]:
+    """One row per workload, one column per ratio that has both sides in some workload."""
+    columns = [
+        column
+        for column in columns
+        if any((*column[1], *w) in ok and (*column[2], *w) in ok for w in workloads)
+    ] or columns
     lines = [
         "| workload | " + " | ".join(title for title, *_ in columns) + " |",
         "|---|" + "---:|" * len(columns),
     ]
     for w in workloads:
         cells = []
-        for title, num, den, target_of in columns:
+        for _, num, den, target_of in columns:
             a, b = ok.get((*num, *w)), ok.get((*den, *w))  # type: ignore[arg-type]
             if a is None or b is None:
                 cells.append("-")
@@ -161,11 +188,11 @@ def _ratio_table(
             if target is not None:
                 op, threshold = target
                 met = _meets(op, value, threshold)
-                mark = " ✓" if met else " ✗"
+                mark = _mark(met)
                 if not met:
                     misses.append(
-                        f"{mode} {_workload_label(w)}: anyio-comm {num[1]} {title.strip('/ ')} = "
-                        f"{value:.2f}x (target {op} {threshold:g}x; "
+                        f"{mode} {_workload_label(w)}: anyio-comm {num[1]} / {den[0]} {den[1]} "
+                        f"= {value:.2f}x (target {op} {threshold:g}x; "
                         f"{a['rps']:,.0f} vs {b['rps']:,.0f} rt/s)"
                     )
             cells.append(f"{value:.2f}{mark}")
@@ -173,16 +200,17 @@ def _ratio_table(
     return lines
 
 
-def _columns(ok: dict[Key, dict[str, Any]], tls: bool) -> list[tuple[str, str]]:
+def _systems(ok: dict[Key, dict[str, Any]], keep: Any) -> list[tuple[str, str]]:
+    """The (system, backend) pairs with a result for a workload that ``keep(w)`` accepts."""
     seen: list[tuple[str, str]] = []
-    for system, backend, _, _, _, mode in ok:
-        if bool(mode) == tls and (system, backend) not in seen:
+    for system, backend, *w in ok:
+        if keep(tuple(w)) and (system, backend) not in seen:
             seen.append((system, backend))
     return seen
 
 
 def _rps_table(ok: dict[Key, dict[str, Any]], workloads: list[Workload], tls: bool) -> list[str]:
-    columns = _columns(ok, tls)
+    columns = _systems(ok, lambda w: bool(w[3]) == tls)
     lines = [
         "| workload | " + " | ".join(f"{s}<br>{b}" for s, b in columns) + " |",
         "|---|" + "---:|" * len(columns),
@@ -198,71 +226,176 @@ def _rps_table(ok: dict[Key, dict[str, Any]], workloads: list[Workload], tls: bo
     return lines
 
 
+def _cpu(ok: dict[Key, dict[str, Any]], system: str, backend: str, w: Workload) -> float | None:
+    r = ok.get((system, backend, *w))
+    return None if r is None else r.get("server_cpu_us_per_rt")
+
+
+def _us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
 def _cpu_table(
     ok: dict[Key, dict[str, Any]], workloads: list[Workload], misses: list[str]
 ) -> list[str]:
+    """Server CPU per message of anyio-comm and the floor (and floor-reader, when it ran)."""
+    reader = any(key[0] == "floor-reader" for key in ok)
     lines = [
-        "| workload | backend | anyio-comm µs | floor µs | ratio (target <= 2) |",
-        "|---|---|---:|---:|---:|",
+        f"| workload | backend | anyio-comm µs | floor µs | ratio (target <= {CPU_TARGET:g}) |"
+        + (" floor-reader µs | floor-reader / floor |" if reader else ""),
+        "|---|---|---:|---:|---:|" + ("---:|---:|" if reader else ""),
     ]
     for w in workloads:
-        if w[0] != 1_000 or w[3]:
+        size, conc, frames, tls = w
+        if tls or frames != 1 or size not in SMALL_SIZES:
             continue
         for b in BACKENDS:
-            comm, floor = ok.get(("anyio-comm", b, *w)), ok.get(("floor", b, *w))
-            if comm is None or floor is None:
-                continue
-            c, f = comm["server_cpu_us_per_rt"], floor["server_cpu_us_per_rt"]
-            if c is None or f is None:
-                continue
-            ratio = c / f
-            met = ratio <= 2.0
-            if not met:
-                misses.append(
-                    f"plain {_workload_label(w)}: anyio-comm {b} server CPU per request "
-                    f"{c:.1f} µs = {ratio:.2f}x the floor's {f:.1f} µs (target <= 2x)"
-                )
-            lines.append(
-                f"| {_workload_label(w)} | {b} | {c:.1f} | {f:.1f} | "
-                f"{ratio:.2f} {'✓' if met else '✗'} |"
+            c, f, r = (
+                _cpu(ok, system, b, w) for system in ("anyio-comm", "floor", "floor-reader")
             )
+            if c is None and f is None and r is None:
+                continue
+            ratio = "-"
+            if c is not None and f is not None:
+                value = c / f
+                ratio = f"{value:.2f}"
+                if conc in TARGET_CONCURRENCY:
+                    met = value <= CPU_TARGET
+                    ratio += _mark(met)
+                    if not met:
+                        misses.append(
+                            f"plain {_workload_label(w)}: anyio-comm {b} server CPU per message "
+                            f"{c:.1f} µs = {value:.2f}x the floor's {f:.1f} µs "
+                            f"(target <= {CPU_TARGET:g}x)"
+                        )
+            row = f"| {_workload_label(w)} | {b} | {_us(c)} | {_us(f)} | {ratio} |"
+            if reader:
+                share = "-" if r is None or f is None else f"{r / f:.2f}"
+                row += f" {_us(r)} | {share} |"
+            lines.append(row)
+    return lines
+
+
+def _many_table(
+    ok: dict[Key, dict[str, Any]],
+    workloads: list[Workload],
+    misses: list[str],
+    p99_target: bool,
+) -> list[str]:
+    """Round trips per second, p50 and p99 of every system on the many-connections workloads
+    (plain, then TLS); with ``p99_target``, anyio-comm's p99 is marked against the streams'."""
+    modes = ["TLS" if w[3] else "plain" for w in workloads]
+    head = " | ".join(f"{m} rt/s | {m} p50 ms | {m} p99 ms" for m in modes)
+    lines = [f"| system | backend | {head} |", "|---|---|" + "---:|" * 3 * len(workloads)]
+    for system, backend in _systems(ok, lambda w: w in workloads):
+        cells = []
+        for w, mode in zip(workloads, modes, strict=True):
+            r = ok.get((system, backend, *w))
+            if r is None:
+                cells += ["-"] * 3
+                continue
+            p99 = f"{r['p99_ms']:.2f}"
+            streams = ok.get(("anyio-streams", backend, *w))
+            if p99_target and system == "anyio-comm" and streams is not None:
+                met = r["p99_ms"] <= streams["p99_ms"]
+                p99 += _mark(met)
+                if not met:
+                    misses.append(
+                        f"{mode} {_workload_label(w)}: anyio-comm {backend} p99 "
+                        f"{r['p99_ms']:.2f} ms, above anyio-streams {backend}'s "
+                        f"{streams['p99_ms']:.2f} ms (target <= the streams' p99)"
+                    )
+            cells += [f"{r['rps']:,.0f}", f"{r['p50_ms']:.2f}", p99]
+        lines.append(f"| {system} | {backend} | " + " | ".join(cells) + " |")
     return lines
 
 
 def _sections(data: dict[str, Any]) -> tuple[list[str], list[str]]:
-    """The ratio sections and the list of misses."""
+    """The sections under "Ratios" (the many-connections table last) and the list of misses."""
     ok, workloads = _index(data)
     misses: list[str] = []
     plain = [w for w in workloads if not w[3]]
     tls = [w for w in workloads if w[3]]
+    gil = bool(data["metadata"]["options"].get("gil_hold"))
     lines = []
-    if data["metadata"]["options"].get("gil_hold"):
+    if gil:
         lines += [
             "### Ratios with a GIL-holding thread in the server (round trips per second)",
             "",
             *_ratio_table(ok, workloads, GIL_COLUMNS, misses, "GIL-held"),
             "",
         ]
-        return lines, misses
-    if plain:
+    if plain and not gil:  # the ratio tables of an ordinary run
         lines += [
             "### Ratios over plain TCP (round trips per second, anyio-comm / other)",
             "",
             *_ratio_table(ok, plain, PLAIN_COLUMNS, misses, "plain"),
             "",
-            "### Server CPU per 1 KB request (anyio-comm / floor of the same backend)",
+            "### Server CPU per message (anyio-comm / floor of the same backend)",
             "",
             *_cpu_table(ok, plain, misses),
             "",
         ]
-    if tls:
+    if tls and not gil:
         lines += [
             "### Ratios over TLS (round trips per second, anyio-comm+tls / other+tls)",
             "",
             *_ratio_table(ok, tls, TLS_COLUMNS, misses, "TLS"),
             "",
         ]
+    many = _many(data)
+    if many_workloads := [w for w in workloads if _is_many(w, many)]:
+        size, connections = many_workloads[0][:2]
+        lines += [
+            (
+                f"### Many connections: {_size(size)} frames, {connections} connections "
+                "(round trips per second, latency)"
+            ),
+            "",
+            *_many_table(ok, many_workloads, misses, p99_target=not gil),
+            "",
+        ]
     return lines, misses
+
+
+def _targets(data: dict[str, Any]) -> list[str]:
+    """What the marks of the report stand for."""
+    if data["metadata"]["options"].get("gil_hold"):
+        return [
+            (
+                "Target: anyio-comm on each backend at least dask's round trips per second "
+                "under the same load (ratio >= 1). ✓ met, ✗ missed; the other ratios are for "
+                "reference."
+            )
+        ]
+    *most, last = (_size(size) for size in SMALL_SIZES)
+    sizes = f"{', '.join(most)} and {last}"
+    return [
+        (
+            "Targets, each computed from cases of this run (✓ met, ✗ missed; figures without a "
+            "mark are for reference, such as the 1 MB and 10 MB rows and the ratios to dask and "
+            "pyzmq):"
+        ),
+        "",
+        (
+            f"- server CPU per message of anyio-comm at most {CPU_TARGET:g}x the floor's of the "
+            f"same backend, for {sizes} single-frame messages, c=1 and c=4, plain TCP, on "
+            "asyncio, uvloop and trio;"
+        ),
+        (
+            "- anyio-comm ahead of AnyIO streams of the same backend (ratio of round trips per "
+            "second above 1) on every row, plain and TLS, the many-connections row included; on "
+            "that row also a p99 latency at most the streams' p99;"
+        ),
+        (
+            f"- anyio-comm at least {FLOOR_TARGET:g}x the floor's round trips per second at "
+            f"{sizes} (one frame, c=1 and c=4) on asyncio and uvloop;"
+        ),
+        (
+            f"- over TLS, 1 KB with c=4: anyio-comm on uvloop at least {TLS_FLOOR_TARGET:g}x the "
+            "blocking floor (`floor-blocking`, threads)."
+        ),
+    ]
 
 
 def summary(data: dict[str, Any]) -> str:
@@ -278,6 +411,13 @@ def render(data: dict[str, Any]) -> str:
     ok, workloads = _index(data)
     versions = ", ".join(f"{k} {v}" for k, v in meta["versions"].items() if v)
     opts = meta["options"]
+    many = _many(data)
+    many_note = ""
+    if many is not None and any(_is_many(w, many) for w in workloads):
+        many_note = (
+            f"; `{_workload_label((*many, 1, None))}` is the many-connections workload "
+            "(`--many`: one frame per message, latencies in its own table)"
+        )
     lines = [
         "# anyio-comm comparison",
         "",
@@ -297,12 +437,12 @@ def render(data: dict[str, Any]) -> str:
         "",
         (
             "Workloads: frames of the given size (`5 x`: five frames per message), c = "
-            "concurrent connections in one client process. Systems:"
+            f"concurrent connections in one client process{many_note}. Systems:"
         ),
         "",
         *(f"- `{name}`: {text}" for name, text in meta.get("systems", {}).items()),
         "",
-        "Targets (ratios of round trips per second in this run): ✓ met, ✗ missed.",
+        *_targets(data),
         "",
     ]
     failed = [r for r in data["results"] if "error" in r]

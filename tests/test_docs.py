@@ -25,6 +25,55 @@ def test_comparison_report_is_generated_from_the_committed_run(name: str) -> Non
     assert (DOCS / "_generated" / f"{name}.md").read_text() == render_compare(data)
 
 
+def _case(system: str, backend: str, size: int, concurrency: int, **figures: object) -> dict:
+    return {
+        "system": system,
+        "backend": backend,
+        "size": size,
+        "concurrency": concurrency,
+        "frames": 1,
+        "tls": None,
+        "server_cpu_us_per_rt": None,
+        **figures,
+    }
+
+
+def test_comparison_report_shows_the_many_connections_workload() -> None:
+    from benchmarks.render_compare import render as render_compare
+
+    many = {"rps": 1_000.0, "p50_ms": 10.0}
+    data = {
+        "metadata": {
+            "date": "today",
+            "command": ["python", "-m", "benchmarks.compare"],
+            "cpu_count": 2,
+            "pinning": "none",
+            "python": "3.11.7 (main)",
+            "versions": {},
+            "load_average_before": "0",
+            "load_average_after": "0",
+            "options": {"seconds": 1, "warmup": 0.3, "repeat": 1, "many": [8000, 200]},
+        },
+        "results": [
+            _case("anyio-comm", "uvloop", 8000, 200, **many, p99_ms=30.0),
+            _case("anyio-streams", "uvloop", 8000, 200, **{**many, "rps": 500.0}, p99_ms=20.0),
+            _case("anyio-comm", "uvloop", 8000, 200, **many, p99_ms=50.0, tls="1.3"),
+            _case("anyio-streams", "uvloop", 8000, 200, **many, p99_ms=60.0, tls="1.3"),
+            _case("anyio-comm", "uvloop", 10_000, 4, **many, p99_ms=1.0, server_cpu_us_per_rt=60),
+            _case("floor", "uvloop", 10_000, 4, **many, p99_ms=1.0, server_cpu_us_per_rt=50),
+            _case("anyio-comm", "trio", 10_000, 4, **many, p99_ms=1.0, server_cpu_us_per_rt=60),
+        ],
+    }
+    report = render_compare(data)
+    assert "| anyio-comm | uvloop | 1,000 | 10.00 | 30.00 ✗ | 1,000 | 10.00 | 50.00 ✓ |" in report
+    assert "| 10 KB, c=4 | uvloop | 60.0 | 50.0 | 1.20 ✓ |" in report
+    assert "| 10 KB, c=4 | trio | 60.0 | - | - |" in report  # no floor case: no target
+    misses = report.partition("## Targets missed")[2].strip().splitlines()
+    assert [line.split(":")[0] for line in misses] == ["- TLS 8 KB, c=200", "- plain 8 KB, c=200"]
+    assert "anyio-comm uvloop / anyio-streams uvloop = 1.00x (target > 1x" in misses[0]
+    assert "anyio-comm uvloop p99 30.00 ms, above anyio-streams uvloop's 20.00 ms" in misses[1]
+
+
 @pytest.mark.parametrize("name", ["memory-tcp", "memory-tls"])
 def test_memory_table_is_generated_from_the_committed_run(name: str) -> None:
     from benchmarks.memory import render as render_memory

@@ -83,6 +83,17 @@ SYSTEMS: dict[str, System] = {
             "trio.socket recv_into/sendmsg (trio)",
         ),
         System(
+            "floor-reader",
+            ("asyncio", "uvloop"),
+            (),
+            tuple((backend, "floor_reader") for backend in ("asyncio", "uvloop")),
+            diagnostic=True,
+            description="the asyncio/uvloop floor's server on its own sockets: loop.add_reader "
+            "callbacks recv_into the same buffers and answer with send/sendmsg (add_writer "
+            "when the socket is full), to compare its server CPU with the BufferedProtocol "
+            "floor's",
+        ),
+        System(
             "floor-blocking",
             ("threads",),
             ("threads",),

@@ -21,7 +21,7 @@ from benchmarks.systems.framing import Checker, FrameReader, host_port, outgoing
 
 if TYPE_CHECKING:
     import ssl
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Coroutine
 
 # Python 3.12+ selector transports send a list of buffers with sendmsg, without joining
 _WRITELINES = sys.version_info >= (3, 12)
@@ -95,6 +95,16 @@ class _EchoProtocol(_Sender, asyncio.BufferedProtocol):
         return False
 
 
+def run_loop(case: Any, main: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    """Run ``main()`` on asyncio, or on uvloop for a case of the ``uvloop`` backend."""
+    if case.backend == "uvloop":
+        import uvloop
+
+        uvloop.run(main())
+    else:
+        asyncio.run(main())
+
+
 def run_server(case: Any, ssl_context: ssl.SSLContext | None, counter: Any, ready: Any) -> None:
     """Serve on asyncio (or uvloop for the ``uvloop`` backend) until the process ends."""
 
@@ -107,12 +117,7 @@ def run_server(case: Any, ssl_context: ssl.SSLContext | None, counter: Any, read
         ready(f"tcp://{host}:{port}")
         await loop.create_future()  # forever
 
-    if case.backend == "uvloop":
-        import uvloop
-
-        uvloop.run(main())
-    else:
-        asyncio.run(main())
+    run_loop(case, main)
 
 
 class _ClientProtocol(_Sender, asyncio.BufferedProtocol):
