@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING
 
 from .decoder import DEFAULT_READ_BUFFER_SIZE, EndOfData, FrameDecoder
 from .errors import LocalProtocolError
-from .wire import Handshake, Limits, encode_message, encode_preamble
+from .wire import Handshake, Limits, encode_frames, encode_message, encode_preamble
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -224,9 +224,13 @@ class Connection:
         """
         if self._our_state is not _OPEN or self._peer is None:
             raise LocalProtocolError(self._why_not_sending())
-        if len(frames) != 1 or frames[0].nbytes > self._send_max:
-            self._peer.limits.check_send([frame.nbytes for frame in frames])
-        return encode_message(frames)
+        if len(frames) == 1:
+            if frames[0].nbytes > self._send_max:
+                self._peer.limits.check_send([frames[0].nbytes])
+            return encode_message(frames)
+        lengths = [frame.nbytes for frame in frames]
+        self._peer.limits.check_send(lengths)
+        return encode_frames(frames, lengths)
 
     def send_eof(self) -> None:
         """Record that we send nothing more (our side becomes CLOSED).

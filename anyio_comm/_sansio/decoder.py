@@ -55,11 +55,13 @@ from typing import Final, NoReturn
 from .buffers import Allocator, allocate, default_allocator
 from .errors import RemoteProtocolError
 from .wire import (
+    LENGTHS,
     MAGIC,
     MAX_PREAMBLE_BODY,
     PREAMBLE_BODY_V1_SIZE,
     PREAMBLE_FIXED_SIZE,
     PROTOCOL_VERSION,
+    SMALL_COUNT,
     Handshake,
     Limits,
     parse_preamble_body,
@@ -131,6 +133,7 @@ class FrameDecoder:
         "_end_error",
         "_eof",
         "_fast_alloc",
+        "_fast_count",
         "_fast_max",
         "_filled",
         "_frames",
@@ -161,6 +164,9 @@ class FrameDecoder:
             if self._fast_alloc and limits.max_frames >= 1
             else -1
         )
+        # Most frames a whole message in the read-ahead buffer may have to be
+        # taken by the many-frame fast path of next_message() (0: never).
+        self._fast_count = min(limits.max_frames, SMALL_COUNT) if self._fast_alloc else 0
         self._buf = bytearray(read_buffer_size)
         self._view = memoryview(self._buf)
         self._start = 0
@@ -331,10 +337,15 @@ class FrameDecoder:
             avail = self._end - start
             if avail >= 12:
                 count, length = unpack_count_and_length(self._buf, start)
-                if count == 1 and length <= self._fast_max and avail - 12 >= length:
-                    start += 12
-                    self._start = start + length
-                    return [memoryview(self._buf[start : start + length])]
+                if count == 1:
+                    if length <= self._fast_max and avail - 12 >= length:
+                        start += 12
+                        self._start = start + length
+                        return [memoryview(self._buf[start : start + length])]
+                elif 1 < count <= self._fast_count:
+                    frames = self._whole_message(start, avail, count)
+                    if frames is not None:
+                        return frames
             elif not avail and not self._eof:
                 return None  # between messages, nothing buffered: need data
         elif state is _State.PREAMBLE:
@@ -346,6 +357,33 @@ class FrameDecoder:
         except (RemoteProtocolError, EndOfData) as exc:
             self._stop(exc)
             raise
+
+    def _whole_message(self, start: int, avail: int, count: int) -> list[memoryview] | None:
+        """The frames of a message of ``count`` frames (at most the limit) that lies
+        whole in the read-ahead buffer at ``start``, each copied into a buffer of its
+        own; ``None`` (nothing consumed) if it is not all there or breaks a limit,
+        which the general path then reports."""
+        head = 4 + 8 * count
+        if avail < head:
+            return None
+        buf = self._buf
+        lengths = LENGTHS[count].unpack_from(buf, start + 4)
+        total = sum(lengths)
+        limits = self._limits
+        if (
+            avail - head < total
+            or total > limits.max_message_size
+            or max(lengths) > limits.max_frame_size
+        ):
+            return None
+        position = start + head
+        frames = []
+        for length in lengths:
+            end = position + length
+            frames.append(memoryview(buf[position:end]))
+            position = end
+        self._start = position
+        return frames
 
     def _next_message(self) -> list[memoryview] | None:
         """The general path of :meth:`next_message`: any state, any message shape."""

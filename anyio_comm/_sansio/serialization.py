@@ -53,6 +53,18 @@ _INDEX = struct.Struct("!I")
 _BYTES_TYPES: Final = (bytes, bytearray, memoryview, pickle.PickleBuffer)
 #: exact types that never hold a buffer: passed to msgpack as they are
 _LEAF_TYPES: Final = frozenset({str, int, float, bool, type(None)})
+#: the out-of-band references of the first frames, made once (``ExtType`` is a
+#: namedtuple whose constructor runs Python code), and their index by payload
+_CACHED_REFS: Final = 256
+_OOB_REFS: Final = tuple(msgpack.ExtType(EXT_OOB, _INDEX.pack(i)) for i in range(_CACHED_REFS))
+_OOB_INDEX: Final = {ref.data: i for i, ref in enumerate(_OOB_REFS)}
+
+
+def _oob_ref(index: int) -> msgpack.ExtType:
+    """The out-of-band reference to buffer ``index``."""
+    if index < _CACHED_REFS:
+        return _OOB_REFS[index]
+    return msgpack.ExtType(EXT_OOB, _INDEX.pack(index))
 
 
 def _flat(value: Buffer) -> memoryview:
@@ -139,7 +151,7 @@ class Serializer:
             if len(obj) < self._oob_threshold:
                 return obj
             oob.append(memoryview(obj))
-            return msgpack.ExtType(EXT_OOB, _INDEX.pack(len(oob) - 1))
+            return _oob_ref(len(oob) - 1)
         if cls is dict:
             new: dict[Any, Any] | None = None
             threshold = self._oob_threshold
@@ -159,7 +171,11 @@ class Serializer:
             return obj if new is None else new
         if cls is list or cls is tuple:
             items: list[Any] | None = None
+            threshold = self._oob_threshold
             for i, value in enumerate(obj):
+                vcls = type(value)
+                if vcls in _LEAF_TYPES or (vcls is bytes and len(value) < threshold):
+                    continue
                 replaced = self._extract(value, oob)
                 if replaced is not value:
                     if items is None:
@@ -172,7 +188,7 @@ class Serializer:
             view = _flat(obj)
             if view.nbytes >= self._oob_threshold:
                 oob.append(view)
-                return msgpack.ExtType(EXT_OOB, _INDEX.pack(len(oob) - 1))
+                return _oob_ref(len(oob) - 1)
             if cls is not bytes:
                 return view.tobytes() if cls is not bytearray else obj
         return obj
@@ -194,6 +210,9 @@ class Serializer:
 
     def _ext_hook(self, oob: Sequence[memoryview], code: int, data: bytes) -> Any:
         if code == EXT_OOB:
+            index = _OOB_INDEX.get(data)  # the usual case: one of the first frames
+            if index is not None and index < len(oob):
+                return oob[index]
             if len(data) != 4:
                 raise RemoteProtocolError("malformed out-of-band reference")
             return _oob_frame(oob, _INDEX.unpack(data)[0])

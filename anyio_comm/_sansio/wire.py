@@ -60,6 +60,13 @@ _COUNT_AND_LENGTH = struct.Struct("!IQ")
 #: buffers shorter than this are copied together into one piece before sending
 COALESCE_THRESHOLD: Final = 2048
 
+#: messages of up to this many frames have their header (un)packed by a prepared Struct
+SMALL_COUNT: Final = 32
+#: ``HEADERS[n]``: the whole header of an ``n``-frame message (count and lengths)
+HEADERS: Final = tuple(struct.Struct(f"!I{n}Q") for n in range(SMALL_COUNT + 1))
+#: ``LENGTHS[n]``: the lengths table of an ``n``-frame message
+LENGTHS: Final = tuple(struct.Struct(f"!{n}Q") for n in range(SMALL_COUNT + 1))
+
 _U32_MAX: Final = 2**32 - 1
 _U64_MAX: Final = 2**64 - 1
 
@@ -164,8 +171,8 @@ def parse_preamble_body(data: Buffer) -> Limits:
 def encode_header(lengths: Sequence[int]) -> bytes:
     """Return the header of a message whose frames have these lengths."""
     n = len(lengths)
-    if n == 1:
-        return _COUNT_AND_LENGTH.pack(1, lengths[0])
+    if n <= SMALL_COUNT:
+        return HEADERS[n].pack(n, *lengths)
     return struct.pack(f"!I{n}Q", n, *lengths)
 
 
@@ -182,6 +189,8 @@ unpack_count_and_length: Final = _COUNT_AND_LENGTH.unpack_from
 
 def unpack_lengths(data: Buffer, offset: int, count: int) -> tuple[int, ...]:
     """Unpack ``count`` frame lengths starting at ``offset``."""
+    if count <= SMALL_COUNT:
+        return LENGTHS[count].unpack_from(data, offset)
     return struct.unpack_from(f"!{count}Q", data, offset)
 
 
@@ -200,6 +209,13 @@ def encode_message(frames: Sequence[memoryview]) -> list[Buffer]:
             return [_COUNT_AND_LENGTH.pack(1, size) + frame]
         return [_COUNT_AND_LENGTH.pack(1, size), frame]
     return frames_to_iov(encode_header([frame.nbytes for frame in frames]), frames)
+
+
+def encode_frames(frames: Sequence[memoryview], lengths: Sequence[int]) -> list[Buffer]:
+    """:func:`encode_message` for a caller that has the frames' ``lengths`` already."""
+    if len(frames) == 1:
+        return encode_message(frames)
+    return frames_to_iov(encode_header(lengths), frames)
 
 
 def frames_to_iov(header: bytes, frames: Sequence[memoryview]) -> list[Buffer]:

@@ -271,3 +271,39 @@ def test_feed_refuses_to_overflow() -> None:
     d = FrameDecoder(read_buffer_size=4096)
     with pytest.raises(BufferError):
         d.feed(PREAMBLE + encode(*[[b"x" * 100]] * 100))
+
+
+@pytest.mark.parametrize(
+    ("limits", "lengths", "match"),
+    [
+        (Limits(max_frames=2), [1, 2, 3], "3 frames"),
+        (Limits(max_frame_size=4), [1, 5, 1], "frame of 5 bytes"),
+        (Limits(max_message_size=6), [3, 3, 1], "message of 7 bytes"),
+    ],
+)
+def test_whole_many_frame_message_in_the_buffer_is_checked(
+    limits: Limits, lengths: list[int], match: str
+) -> None:
+    """A many-frame message that arrives whole (the decoder's fast path) meets the
+    same limits as one that arrives in pieces."""
+    decoder = FrameDecoder(limits)
+    decoder.feed(PREAMBLE)
+    decoder.next_handshake()
+    decoder.feed(encode([bytes(n) for n in lengths]))
+    with pytest.raises(RemoteProtocolError, match=match):
+        decoder.next_message()
+
+
+@pytest.mark.parametrize("count", [2, 3, 32, 33, 100])
+def test_whole_many_frame_message_gets_one_buffer_per_frame(count: int) -> None:
+    decoder = FrameDecoder()
+    decoder.feed(PREAMBLE)
+    decoder.next_handshake()
+    frames = [bytes([i % 256]) * (i % 7) for i in range(count)]
+    decoder.feed(encode(frames, [b"next"]))
+    message = decoder.next_message()
+    assert message is not None and [bytes(f) for f in message] == frames
+    assert len({id(f.obj) for f in message}) == count  # no shared buffers
+    second = decoder.next_message()
+    assert second is not None and [bytes(f) for f in second] == [b"next"]
+    assert decoder.next_message() is None
