@@ -297,7 +297,7 @@ class PushReceiver(Receiver):
         while (frames := next_message()) is not None:
             queue.append(frames)
             self._queued_bytes += (
-                frames[0].nbytes if len(frames) == 1 else sum(f.nbytes for f in frames)
+                sum(map(len, frames))  # flat byte views: len() is the size
             )
             if self._queued_bytes >= MAX_QUEUED_BYTES or len(queue) >= MAX_QUEUED_MESSAGES:
                 self._paused = True
@@ -325,7 +325,7 @@ class PushReceiver(Receiver):
         if queue:
             frames = queue.popleft()
             self._queued_bytes -= (
-                frames[0].nbytes if len(frames) == 1 else sum(f.nbytes for f in frames)
+                sum(map(len, frames))  # flat byte views: len() is the size
             )
             if self._paused and self._end is None and not self._closed:
                 # The queue was full; there is room now: read again, starting

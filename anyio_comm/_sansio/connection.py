@@ -212,7 +212,8 @@ class Connection:
         return encode_preamble(self._decoder.limits)
 
     def send_message(self, frames: Sequence[memoryview]) -> list[Buffer]:
-        """Return the buffers of one gather write sending the message ``frames``.
+        """Return the buffers of one gather write sending the message ``frames``
+        (flat byte views: one-dimensional, format ``"B"``).
 
         Small neighbouring buffers are joined, large frames are passed through
         as the caller's views (do not modify them until they are written).
@@ -228,7 +229,7 @@ class Connection:
             if frames[0].nbytes > self._send_max:
                 self._peer.limits.check_send([frames[0].nbytes])
             return encode_message(frames)
-        lengths = [frame.nbytes for frame in frames]
+        lengths = list(map(len, frames))  # flat byte views: len() is the size
         self._peer.limits.check_send(lengths)
         return encode_frames(frames, lengths)
 

@@ -116,7 +116,8 @@ class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
 
     @abstractmethod
     async def send_all(self, buffers: Sequence[Buffer]) -> bool:
-        """Send every byte of ``buffers``, in order.
+        """Send every byte of ``buffers`` (flat byte buffers: ``bytes``, or
+        one-dimensional byte views), in order.
 
         Tries to write at once, and waits only while the peer's socket buffer is
         full. If it fails or is cancelled after it may have written part of the

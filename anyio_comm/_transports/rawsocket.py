@@ -362,7 +362,7 @@ class SocketTransport(Transport, SocketStream):
                 raise self._translate(exc) from exc
             sent_any = True
             while sent:
-                size = memoryview(pending[first]).nbytes
+                size = len(pending[first])  # flat byte buffers: len() is the size
                 if sent >= size:
                     sent -= size
                     first += 1
@@ -406,7 +406,7 @@ class SocketTransport(Transport, SocketStream):
             anyio.ClosedResourceError: the transport was closed by us.
             anyio.BrokenResourceError: the connection failed.
         """
-        await self.send_all([item])
+        await self.send_all([memoryview(item).cast("B")])
 
     # -- closing -------------------------------------------------------------
 
