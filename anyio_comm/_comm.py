@@ -21,8 +21,9 @@ tasks run (so a fast peer cannot starve the event loop).
 
 * receive: a receive that waited for the engine has yielded already, and the
   wait was its cancellation point (on asyncio preceded by the backend's
-  ``checkpoint_if_cancelled()``: a wait whose wake-up is already scheduled
-  when the cancellation comes would not raise it). A receive that got its
+  ``checkpoint_if_cancelled()``: AnyIO does not deliver a cancellation to a
+  wait whose wake-up is already scheduled, which the event loop's readiness
+  callback may have done first). A receive that got its
   message without waiting yields once after taking it; when cancelled there,
   it keeps the message, and the next receive returns it: nothing is lost.
   Every receive therefore yields.
@@ -55,12 +56,11 @@ from anyio import (
     EndOfStream,
     TypedAttributeSet,
     aclose_forcefully,
-    fail_after,
     move_on_after,
     typed_attribute,
 )
 from anyio.abc import ObjectStream
-from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint
+from anyio.lowlevel import checkpoint
 
 from ._backend import current_backend
 from ._compat import final
@@ -507,11 +507,11 @@ class Comm(ObjectStream[Any]):
         """Close the connection. Idempotent; tasks blocked in :meth:`receive`
         or :meth:`send` get :exc:`anyio.ClosedResourceError`.
         """
-        if self._state is _State.CLOSED:
-            await cancel_shielded_checkpoint()
-            return
-        self._state = _State.CLOSED
-        self._receiver.close()
+        if self._state is not _State.CLOSED:
+            self._state = _State.CLOSED
+            self._receiver.close()
+        # Every transport's aclose() is idempotent; after abort() it still closes
+        # what abort() could not (a byte stream without a synchronous close()).
         await self._transport.aclose()
 
     async def _fail(self, *, graceful: bool = False) -> None:
@@ -559,14 +559,13 @@ async def establish(
             the handshake.
         ssl.SSLError: the TLS handshake failed (TLS transports only).
     """
-    try:
-        with fail_after(options.handshake_timeout):
-            conn = await _exchange_preambles(transport, options)
-    except TimeoutError:
+    with move_on_after(options.handshake_timeout) as scope:
+        conn = await _exchange_preambles(transport, options)
+    if scope.cancelled_caught:
         raise TimeoutError(
             f"the handshake with {peer_address} took longer than "
             f"handshake_timeout ({options.handshake_timeout:g} s)"
-        ) from None
+        )
     receiver = start_receiver(
         transport, conn, current_backend(), wake_on_bytes=options.idle_timeout is not None
     )

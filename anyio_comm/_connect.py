@@ -239,7 +239,9 @@ async def connect(
         except ssl.SSLError:
             raise
         except (OSError, BrokenResourceError) as exc:
-            if not retry:
+            # A TLS 1.3 server rejects a client after the client's handshake:
+            # that alert is a TLS error too, and not retried.
+            if not retry or isinstance(exc.__cause__, ssl.SSLError):
                 raise
             last_error: BaseException = exc
         else:

@@ -41,9 +41,11 @@ def register(name: str, spawn: Callable[[MemoryByteStream, str], None]) -> str:
     return name
 
 
-def unregister(name: str) -> None:
-    """Forget a listener name (no error if absent)."""
-    _listeners.pop(name, None)
+def unregister(name: str, spawn: Callable[[MemoryByteStream, str], None]) -> None:
+    """Forget the listener name ``name`` if ``spawn`` still owns it (after a listener
+    stopped accepting, another one may have taken the name)."""
+    if _listeners.get(name) == spawn:
+        del _listeners[name]
 
 
 async def connect_inproc(name: str, options: Options) -> Comm:

@@ -499,9 +499,16 @@ async def listen(
     inproc_name: str | None = None
     body_error: Exception | None = None
 
+    closed = False
+
     def close_listening() -> None:
+        # Once: after stop_accepting(), another listener may take the address.
+        nonlocal closed
+        if closed:
+            return
+        closed = True
         if inproc_name is not None:
-            unregister(inproc_name)
+            unregister(inproc_name, server.start_inproc_connection)
         _close_listening(sockets, unix_path, inode)
 
     try:

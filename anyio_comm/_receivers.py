@@ -35,7 +35,6 @@ before it was taken, and again by every later call.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 from abc import ABCMeta, abstractmethod
 from typing import TYPE_CHECKING, Final
@@ -47,6 +46,7 @@ from ._sansio.decoder import EndOfData
 from ._sansio.errors import RemoteProtocolError
 
 if TYPE_CHECKING:
+    import asyncio
     from collections.abc import Awaitable
 
     from ._backend import Backend
@@ -67,10 +67,18 @@ __all__ = [
 USE_PUSH = True
 #: a push receiver stops reading once this many decoded messages wait ...
 MAX_QUEUED_MESSAGES: Final = 64
-#: ... or once they hold this many bytes of frames (a larger message waits alone,
-#: and the next is not started: a stalled consumer costs what it does with the pull
-#: engine, the message it holds and one more)
+#: ... or once they cost this many bytes: their frames' bytes plus FRAME_COST per frame
+#: (a larger message waits alone, and the next is not started: a stalled consumer
+#: costs what it does with the pull engine, the message it holds and one more)
 MAX_QUEUED_BYTES: Final = 64 * 1024
+#: what a received frame costs beside its bytes (a bytearray and a memoryview object),
+#: so that messages of many empty frames count for what they hold
+FRAME_COST: Final = 256
+
+
+def _cost(frames: list[memoryview]) -> int:
+    """What a decoded message holds in memory, as counted against MAX_QUEUED_BYTES."""
+    return sum(map(len, frames)) + FRAME_COST * len(frames)  # flat views: len() is the size
 
 
 class Receiver(metaclass=ABCMeta):
@@ -176,14 +184,11 @@ class PushReceiver(Receiver):
 
     Cancellation: AnyIO delivers a cancellation to an asyncio task only while
     the future it waits for is still pending, retrying once per pass of the
-    event loop. asyncio's own loops run those retries before the I/O callbacks
-    of the next pass, so a waiting task is cancelled before this receiver can
-    complete its future: no check is needed before waiting. uvloop runs I/O
-    callbacks first; there (and on any loop not derived from
-    ``asyncio.BaseEventLoop``) :attr:`check_before_wait` asks the comm to check
-    for a pending cancellation before each wait. (Completing the future through
-    ``call_soon`` instead, behind AnyIO's retries, measured slower at 1 KB: a
-    pass of the loop per message costs more than the check.)
+    event loop. The readiness callback can complete the future first: on
+    uvloop, which runs I/O callbacks before the retries, and on asyncio's own
+    loops when the callback comes later in the same pass as the task that
+    started waiting. So :attr:`check_before_wait` asks the comm to check for a
+    pending cancellation before each wait, as the pull engine does on asyncio.
     """
 
     __slots__ = (
@@ -214,7 +219,7 @@ class PushReceiver(Receiver):
         self._conn = conn
         self._loop = loop
         self._wake_on_bytes = wake_on_bytes
-        self.check_before_wait = not isinstance(loop, asyncio.BaseEventLoop)
+        self.check_before_wait = True
         self._queue: collections.deque[list[memoryview]] = collections.deque()
         self._queued_bytes = 0
         # what ended the stream, raised after the queued messages
@@ -254,20 +259,21 @@ class PushReceiver(Receiver):
         if self._paused:
             self._stop_reading()  # bytes wait in the kernel until there is room
             return
+        # Bytes (or the end) arrived: with an idle timeout to enforce, that is
+        # activity even when they complete no message (nor even a TLS record).
+        got_bytes = self._wake_on_bytes
         conn = self._conn
         get_buffer = conn.get_buffer
         transport = self._transport
         transport.readable()
         receive = transport.receive_into_nowait
         drains = not transport.buffers_data
-        got_bytes = False
         try:
             while True:
                 buffer = get_buffer()
                 n = receive(buffer)
                 if n is None:
                     break
-                got_bytes = True
                 if n:
                     conn.buffer_updated(n)
                 else:
@@ -279,12 +285,9 @@ class PushReceiver(Receiver):
                     # until the transport answers None.)
                     break
         except Exception as exc:  # the end, a protocol error, a failure: after the queue
-            self._end = exc
-            self._paused = True
+            self._set_end(exc)
         waiter = self._waiter
-        if waiter is not None and (
-            self._queue or self._end is not None or (got_bytes and self._wake_on_bytes)
-        ):
+        if waiter is not None and (self._queue or self._end is not None or got_bytes):
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
@@ -296,9 +299,7 @@ class PushReceiver(Receiver):
         queue = self._queue
         while (frames := next_message()) is not None:
             queue.append(frames)
-            self._queued_bytes += (
-                sum(map(len, frames))  # flat byte views: len() is the size
-            )
+            self._queued_bytes += _cost(frames)
             if self._queued_bytes >= MAX_QUEUED_BYTES or len(queue) >= MAX_QUEUED_MESSAGES:
                 self._paused = True
                 return True
@@ -310,10 +311,16 @@ class PushReceiver(Receiver):
             if self._decode():
                 return
         except Exception as exc:
-            self._end = exc
-            self._paused = True
+            self._set_end(exc)
             return
         self._on_readable()
+
+    def _set_end(self, exc: Exception) -> None:
+        """Keep what ended the stream (without its traceback, which holds this
+        receiver's frame: a cycle) to raise after the queued messages."""
+        exc.__traceback__ = None
+        self._end = exc
+        self._paused = True
 
     def _stop_reading(self) -> None:
         if self._reading:
@@ -324,11 +331,15 @@ class PushReceiver(Receiver):
         queue = self._queue
         if queue:
             frames = queue.popleft()
-            self._queued_bytes -= (
-                sum(map(len, frames))  # flat byte views: len() is the size
-            )
-            if self._paused and self._end is None and not self._closed:
-                # The queue was full; there is room now: read again, starting
+            self._queued_bytes -= _cost(frames)
+            if (
+                self._paused
+                and self._queued_bytes < MAX_QUEUED_BYTES
+                and len(queue) < MAX_QUEUED_MESSAGES
+                and self._end is None
+                and not self._closed
+            ):
+                # The queue was full and is not any more: read again, starting
                 # with what the decoder already holds (the socket may stay quiet).
                 self._paused = False
                 if not self._reading:
@@ -348,6 +359,11 @@ class PushReceiver(Receiver):
         if self._closed:
             raise ClosedResourceError
         waiter = self._waiter = self._loop.create_future()
+        if self._queue or self._end is not None:
+            # Something came while the comm yielded between its last look and
+            # this wait (its listener's shutdown checkpoint, say): it has
+            # yielded already, so a done future (which does not yield) is right.
+            waiter.set_result(None)
         return waiter
 
     def close(self) -> None:

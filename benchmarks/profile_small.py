@@ -1,6 +1,6 @@
 """Per-call costs of anyio-comm's small-message path, in one process.
 
-Three modes, for one backend at a time:
+Four modes, for one backend at a time:
 
 * ``micro`` (default): the pure-Python pieces of one 1 KB round trip, timed
   in isolation with ``time.perf_counter_ns`` (best of several batches):
@@ -12,18 +12,28 @@ Three modes, for one backend at a time:
   (both ends on one CPU): process CPU time per round trip is the cost of
   both ends together, system calls included (CPU time rather than wall time,
   so other processes on a busy machine do not count). ``--system raw`` runs
-  the floor instead (asyncio ``BufferedProtocol``, or trio socket
-  ``recv_into``, with an 8-byte length prefix); ``--warmup 0`` under
-  ``strace -c -f`` gives system calls per round trip.
+  the floor instead (asyncio ``BufferedProtocol`` answering in its callback,
+  or trio socket ``recv_into``, with an 8-byte length prefix);
+  ``--system task-floor`` the least a task-based API can cost (asyncio and
+  uvloop: a readiness callback frames each message and wakes the connection's
+  task, which answers; no library). ``--warmup 0`` under ``strace -c -f``
+  gives system calls per round trip.
 * ``profile``: the same round trips under :mod:`cProfile`; prints the
   functions with the most own time, as microseconds per call and per round
   trip.
+* ``instructions``: user-space instructions per round trip of the same
+  workload, counted by valgrind's callgrind (the difference between a run of
+  200 and one of 1200 round trips). Unlike times, the count repeats to a
+  fraction of a percent on a busy or noisy machine, so it shows what a change
+  to the per-message path gains; it leaves out the kernel's share.
 
 Run from the repository root::
 
     python -m benchmarks.profile_small --backend asyncio --mode micro
     python -m benchmarks.profile_small --backend trio --mode roundtrip --count 20000
     python -m benchmarks.profile_small --backend uvloop --mode profile --count 20000
+    python -m benchmarks.profile_small --backend uvloop --mode instructions --concurrency 4
+    python -m benchmarks.profile_small --backend uvloop --mode instructions --system task-floor
 """
 
 from __future__ import annotations
@@ -34,6 +44,10 @@ import cProfile
 import io
 import os
 import pstats
+import re
+import shutil
+import socket
+import subprocess
 import sys
 import time
 from typing import TYPE_CHECKING, Any
@@ -56,6 +70,8 @@ BACKENDS = {
     "trio": ("trio", {}),
 }
 MAX_COUNT = 1_000_000
+#: the task floor keeps a message in one 64 KiB buffer and sends it with one send()
+TASK_FLOOR_MAX = 60_000
 
 
 def _payload(size: int) -> bytes:
@@ -190,8 +206,9 @@ async def _roundtrips(size: int, count: int, warmup: int, concurrency: int = 1) 
     return elapsed
 
 
-async def _floor_asyncio(size: int, count: int, warmup: int) -> float:
-    """The raw floor on asyncio/uvloop: ``BufferedProtocol`` echo, 8-byte length prefix."""
+async def _floor_asyncio(size: int, count: int, warmup: int, concurrency: int = 1) -> float:
+    """The raw floor on asyncio/uvloop: ``BufferedProtocol`` echo, 8-byte length prefix,
+    answered inside the protocol callback; ``concurrency`` connections."""
     loop = asyncio.get_running_loop()
 
     class Echo(asyncio.BufferedProtocol):
@@ -224,18 +241,126 @@ async def _floor_asyncio(size: int, count: int, warmup: int) -> float:
 
     server = await loop.create_server(lambda: Echo(True), "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    transport, client = await loop.create_connection(lambda: Echo(False), "127.0.0.1", port)
     request = len(_payload(size)).to_bytes(8, "big") + _payload(size)
-    t0 = 0.0
-    for i in range(warmup + count):
-        if i == warmup:
-            t0 = time.process_time()
-        client.waiter = loop.create_future()
-        transport.write(request)
-        await client.waiter
-    elapsed = time.process_time() - t0
-    transport.close()
+    clients = [
+        await loop.create_connection(lambda: Echo(False), "127.0.0.1", port)
+        for _ in range(concurrency)
+    ]
+
+    async def round_trips(transport: Any, client: Echo, n: int) -> None:
+        for _ in range(n):
+            client.waiter = loop.create_future()
+            transport.write(request)
+            await client.waiter
+
+    elapsed = await _timed(
+        [lambda t=t, c=c: round_trips(t, c, warmup) for t, c in clients[:1]],
+        [
+            lambda t=t, c=c, i=i: round_trips(t, c, _share(count, concurrency, i))
+            for i, (t, c) in enumerate(clients)
+        ],
+    )
+    for transport, _ in clients:
+        transport.close()
     server.close()
+    return elapsed
+
+
+def _share(count: int, concurrency: int, i: int) -> int:
+    """Connection ``i``'s share of ``count`` round trips."""
+    return count // concurrency + (i < count % concurrency)
+
+
+async def _timed(
+    warmups: list[Callable[[], Awaitable[object]]], runs: list[Callable[[], Awaitable[object]]]
+) -> float:
+    """Run the ``warmups`` one after the other, then the ``runs`` concurrently; return the
+    process CPU seconds the runs took."""
+    for warmup in warmups:
+        await warmup()
+    t0 = time.process_time()
+    await asyncio.gather(*(run() for run in runs))
+    return time.process_time() - t0
+
+
+async def _task_floor(size: int, count: int, warmup: int, concurrency: int) -> float:
+    """The least a task-based API can cost on asyncio/uvloop, with no library: a readiness
+    callback receives and frames each message (8-byte length prefix) and wakes the
+    connection's task through a future; the task answers. Both ends in this process over
+    loopback TCP, ``concurrency`` connections."""
+    loop = asyncio.get_running_loop()
+
+    class Connection:
+        def __init__(self, sock: socket.socket) -> None:
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self.sock = sock
+            self.buf = bytearray(65536)
+            self.view = memoryview(self.buf)
+            self.end = 0
+            self.messages: list[bytes] = []
+            self.waiter: asyncio.Future[None] | None = None
+            loop.add_reader(sock.fileno(), self.readable)
+
+        def readable(self) -> None:
+            try:
+                self.end += self.sock.recv_into(self.view[self.end :])
+            except BlockingIOError:
+                return
+            # one message in flight per connection (request/reply)
+            if self.end < 8 or self.end < 8 + int.from_bytes(self.buf[:8], "big"):
+                return
+            self.messages.append(bytes(self.view[8 : self.end]))
+            self.end = 0
+            waiter, self.waiter = self.waiter, None
+            if waiter is not None:
+                waiter.set_result(None)
+
+        async def receive(self) -> bytes:
+            if not self.messages:
+                self.waiter = loop.create_future()
+                await self.waiter
+            return self.messages.pop()
+
+        def send(self, message: bytes) -> None:
+            # at most 60 KB: the socket's buffer always takes it whole
+            self.sock.sendall(len(message).to_bytes(8, "big") + message)
+
+        def close(self) -> None:
+            loop.remove_reader(self.sock.fileno())
+            self.sock.close()
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    pairs = []
+    for _ in range(concurrency):
+        client = socket.create_connection(listener.getsockname())
+        accepted, _ = listener.accept()
+        pairs.append((Connection(client), Connection(accepted)))
+    listener.close()
+
+    async def serve(server: Connection) -> None:
+        while True:
+            server.send(await server.receive())
+
+    async def round_trips(client: Connection, n: int) -> None:
+        payload = _payload(size)
+        for _ in range(n):
+            client.send(payload)
+            await client.receive()
+
+    servers = [loop.create_task(serve(server)) for _, server in pairs]
+    elapsed = await _timed(
+        [lambda: round_trips(pairs[0][0], warmup)],
+        [
+            lambda c=c, i=i: round_trips(c, _share(count, concurrency, i))
+            for i, (c, _) in enumerate(pairs)
+        ],
+    )
+    for task in servers:
+        task.cancel()
+    for pair in pairs:
+        for connection in pair:
+            connection.close()
     return elapsed
 
 
@@ -296,9 +421,19 @@ def roundtrip(
     if warmup is None:
         warmup = min(count // 10 + 1, 2000)
     warmup = max(0, min(warmup, MAX_COUNT))
-    if system == "raw":
-        func = _floor_trio if backend == "trio" else _floor_asyncio
+    if system == "raw" and backend == "trio":
+        if concurrency != 1:
+            raise SystemExit("--system raw on trio runs one connection: --concurrency 1")
+        func: Callable[..., Awaitable[float]] = _floor_trio
         args: tuple[int, ...] = (size, count, warmup)
+    elif system == "raw":
+        func, args = _floor_asyncio, (size, count, warmup, concurrency)
+    elif system == "task-floor":
+        if backend == "trio":
+            raise SystemExit("--system task-floor runs on asyncio and uvloop")
+        if size > TASK_FLOOR_MAX:
+            raise SystemExit(f"--system task-floor takes --size up to {TASK_FLOOR_MAX}")
+        func, args = _task_floor, (size, count, warmup, concurrency)
     else:
         func = _roundtrips
         args = (size, count, warmup, concurrency)
@@ -306,6 +441,41 @@ def roundtrip(
         anyio.run(func, *args, backend=name, backend_options=options) for _ in range(repeat)
     )
     return best / count * 1e6
+
+
+def instructions(
+    backend: str, size: int, system: str, concurrency: int, counts: tuple[int, int] = (200, 1200)
+) -> float:
+    """User-space instructions per round trip, counted by valgrind's callgrind: the
+    difference between runs of ``counts`` round trips, so that start-up cancels out.
+    Repeatable to a fraction of a percent whatever else the machine does (it counts
+    instructions, not time); the kernel's share is not in it.
+
+    Raises:
+        SystemExit: valgrind is not installed, or a run failed.
+    """
+    valgrind = shutil.which("valgrind")
+    if valgrind is None:
+        raise SystemExit("--mode instructions needs valgrind (callgrind) on PATH")
+    collected = []
+    for count in counts:
+        command = [
+            valgrind,
+            "--tool=callgrind",
+            "--callgrind-out-file=/dev/null",
+            sys.executable,
+            "-m",
+            "benchmarks.profile_small",
+            *("--backend", backend, "--mode", "roundtrip", "--repeat", "1"),
+            *("--count", str(count), "--warmup", "50", "--size", str(size)),
+            *("--system", system, "--concurrency", str(concurrency)),
+        ]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
+        found = re.search(r"Collected : (\d+)", done.stderr)
+        if done.returncode or found is None:
+            raise SystemExit(f"callgrind run failed:\n{done.stdout}\n{done.stderr}")
+        collected.append(int(found.group(1)))
+    return (collected[1] - collected[0]) / (counts[1] - counts[0])
 
 
 def profile(backend: str, size: int, count: int, top: int, concurrency: int = 1) -> str:
@@ -340,7 +510,9 @@ def profile(backend: str, size: int, count: int, top: int, concurrency: int = 1)
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--backend", choices=sorted(BACKENDS), default="asyncio")
-    parser.add_argument("--mode", choices=("micro", "roundtrip", "profile"), default="micro")
+    parser.add_argument(
+        "--mode", choices=("micro", "roundtrip", "profile", "instructions"), default="micro"
+    )
     parser.add_argument("--size", type=int, default=1000, help="payload bytes (default 1000)")
     parser.add_argument("--count", type=int, default=20000, help="calls or round trips")
     parser.add_argument("--repeat", type=int, default=3, help="roundtrip: best of N runs")
@@ -350,9 +522,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--system",
-        choices=("anyio-comm", "raw"),
+        choices=("anyio-comm", "raw", "task-floor"),
         default="anyio-comm",
-        help="roundtrip: anyio-comm, or the raw floor (asyncio BufferedProtocol, trio socket)",
+        help="roundtrip, instructions: anyio-comm; the raw floor (asyncio BufferedProtocol "
+        "answering in its callback, trio socket); or the task floor (asyncio/uvloop: a task "
+        "woken per message, no library)",
     )
     parser.add_argument(
         "--warmup", type=int, default=None, help="roundtrip: warm-up round trips (0 for strace)"
@@ -377,6 +551,12 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{us:8.2f} CPU us per round trip ({args.system}, both ends, one process),"
             f" {1e6 / us:,.0f} rt/s"
+        )
+    elif args.mode == "instructions":
+        per_rt = instructions(args.backend, args.size, args.system, concurrency)
+        print(
+            f"{per_rt:10,.0f} instructions per round trip ({args.system}, both ends, "
+            f"c={concurrency}, user space, callgrind)"
         )
     else:
         print(profile(args.backend, args.size, count, max(1, min(args.top, 200)), concurrency))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from typing import TYPE_CHECKING
 
 import anyio
 import pytest
@@ -22,8 +23,12 @@ from anyio_comm import (
     RemoteProtocolError,
     SerializationError,
 )
+from anyio_comm._backend import current_backend
 
 from .helpers import TRANSPORTS, connected_pair
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 pytestmark = pytest.mark.parametrize("kind", TRANSPORTS)
 
@@ -126,6 +131,10 @@ async def test_close_wakes_blocked_receiver(kind: str) -> None:
 
 
 async def test_close_wakes_blocked_sender(kind: str) -> None:
+    """A send blocked on a full socket (in ``anyio.wait_writable``) is woken by an
+    aclose() from another task: AnyIO's ``notify_closing`` finds waits registered by
+    any task of the loop (the socket transport relies on it and cancels no scopes of
+    its own)."""
     if kind == "anyio-tcp-stream":
         pytest.skip("asyncio's transports may take every write into their own buffer")
     async with connected_pair(kind) as (client, _server):
@@ -170,6 +179,40 @@ async def test_abort_is_synchronous_and_wakes_both_directions(kind: str) -> None
         with anyio.fail_after(10), pytest.raises((EndOfStream, BrokenResourceError)):
             while True:  # the peer sees the connection end (a reset over TCP)
                 await server.receive_frames()
+
+
+def call_soon_outside_any_task(callback: Callable[[], object]) -> None:
+    """Schedule ``callback`` as an event loop callback (no task is current there)."""
+    backend = current_backend()
+    if backend.trio is not None:
+        backend.trio.current_trio_token().run_sync_soon(callback)
+    else:
+        assert backend.loop is not None
+        backend.loop.call_soon(callback)
+
+
+async def test_abort_outside_any_task_wakes_a_blocked_receive(kind: str) -> None:
+    """abort() from a loop callback (a finalizer, a signal handler, a protocol's
+    callback): the blocked receive raises ClosedResourceError, the peer sees the end."""
+    async with connected_pair(kind) as (client, server):
+        outcome: list[BaseException] = []
+
+        async def receive() -> None:
+            with anyio.fail_after(10):
+                try:
+                    await client.receive()
+                except ClosedResourceError as exc:
+                    outcome.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(receive)
+            await wait_all_tasks_blocked()
+            call_soon_outside_any_task(client.abort)
+        assert len(outcome) == 1
+        assert client.closed
+        await client.aclose()
+        with anyio.fail_after(10), pytest.raises((EndOfStream, BrokenResourceError)):
+            await server.receive()
 
 
 async def test_typed_attributes(kind: str) -> None:

@@ -12,7 +12,13 @@ from anyio import wait_all_tasks_blocked
 from anyio.abc import SocketAttribute
 
 import anyio_comm
-from anyio_comm._receivers import MAX_QUEUED_MESSAGES, PullReceiver, PushReceiver
+from anyio_comm._receivers import (
+    FRAME_COST,
+    MAX_QUEUED_BYTES,
+    MAX_QUEUED_MESSAGES,
+    PullReceiver,
+    PushReceiver,
+)
 from anyio_comm._transports.rawsocket import IOV_MAX, SocketTransport, _LoopReader
 
 from .certs import client_context, server_context
@@ -72,6 +78,13 @@ async def test_receive_engine_per_backend_and_transport(
             assert type(comm._receiver) is expected  # type: ignore[attr-defined]
 
 
+def shrink_socket_buffers(client: anyio_comm.Comm, server: anyio_comm.Comm) -> None:
+    """Small kernel buffers between ``client`` and ``server``, so that a producer
+    blocks after a few hundred KB instead of megabytes."""
+    client.extra(SocketAttribute.raw_socket).setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32768)
+    server.extra(SocketAttribute.raw_socket).setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)
+
+
 @pytest.mark.parametrize("kind", ["tcp", "tls1.3"])
 async def test_push_engine_stops_reading_at_its_queue_bound(
     kind: str, anyio_backend_name: str
@@ -81,8 +94,9 @@ async def test_push_engine_stops_reading_at_its_queue_bound(
     sends block); receiving again reads again, and every message arrives in order."""
     if anyio_backend_name != "asyncio":
         pytest.skip("the push engine runs on asyncio and uvloop")
-    count = 20_000  # 20 MB: more than the kernel's buffers hold
+    count = 3000  # 2 MB: more than the kernel's buffers hold (made small)
     async with connected_pair(kind) as (client, server):
+        shrink_socket_buffers(client, server)
         receiver = server._receiver  # type: ignore[attr-defined]
         assert isinstance(receiver, PushReceiver)
         sent = 0
@@ -90,7 +104,7 @@ async def test_push_engine_stops_reading_at_its_queue_bound(
         async def produce() -> None:
             nonlocal sent
             for i in range(count):
-                await client.send({"i": i, "pad": b"p" * 1000})
+                await client.send({"i": i, "pad": b"p" * 700})
                 sent += 1
 
         async with anyio.create_task_group() as tg:
@@ -100,7 +114,9 @@ async def test_push_engine_stops_reading_at_its_queue_bound(
             assert 0 < sent < count
             assert not receiver._reading  # stopped: nothing runs for this socket
             assert receiver._paused
-            assert len(receiver._queue) == MAX_QUEUED_MESSAGES  # 64 KB: the count bound
+            # 64 messages of ~1 KB with their frame's cost: the count bound, not the bytes'
+            assert len(receiver._queue) == MAX_QUEUED_MESSAGES
+            assert receiver._queued_bytes < MAX_QUEUED_BYTES
             for i in range(count):
                 with anyio.fail_after(10):
                     assert (await server.receive())["i"] == i
@@ -131,6 +147,68 @@ async def test_push_engine_holds_one_large_message_at_most(anyio_backend_name: s
                 with anyio.fail_after(10):
                     (frame,) = await server.receive_frames()
                 assert frame == payload
+                assert len(receiver._queue) <= 1
+
+
+async def test_push_engine_resumes_only_below_its_bounds(anyio_backend_name: str) -> None:
+    """Small messages then large ones: taking a small message from a queue that a
+    large one pushed over the byte bound does not resume reading, so large messages
+    do not pile up behind the small ones (one at most waits)."""
+    if anyio_backend_name != "asyncio":
+        pytest.skip("the push engine runs on asyncio and uvloop")
+    small, large = b"s" * 500, b"L" * 200_000
+    smalls, larges = MAX_QUEUED_MESSAGES - 1, 100  # 20 MB of large: the kernel fills
+    async with connected_pair("tcp") as (client, server):
+        receiver = server._receiver  # type: ignore[attr-defined]
+        assert isinstance(receiver, PushReceiver)
+
+        async def produce() -> None:
+            for _ in range(smalls):
+                await client.send_frames([small])
+            for _ in range(larges):
+                await client.send_frames([large])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(produce)
+            with anyio.fail_after(10):
+                await wait_all_tasks_blocked()
+            for i in range(smalls + larges):
+                queued_large = sum(len(frames[0]) == len(large) for frames in receiver._queue)
+                assert queued_large <= 1, (i, queued_large)
+                assert receiver._queued_bytes <= MAX_QUEUED_BYTES + len(large) + FRAME_COST
+                with anyio.fail_after(10):
+                    (frame,) = await server.receive_frames()
+                assert frame == (small if i < smalls else large)
+                await wait_all_tasks_blocked()  # the loop reads what it may
+
+
+async def test_push_engine_counts_empty_frames_against_its_bound(
+    anyio_backend_name: str,
+) -> None:
+    """Messages of many empty frames hold memory too (an object per frame): the queue
+    bound counts them, so few wait however small their bytes."""
+    if anyio_backend_name != "asyncio":
+        pytest.skip("the push engine runs on asyncio and uvloop")
+    frames = [b""] * 1000  # 8 KB of header each, 256 KB by the queue's count
+    count = 200  # 1.6 MB on the wire: the kernel's buffers fill (made small)
+    async with connected_pair("tcp") as (client, server):
+        shrink_socket_buffers(client, server)
+        receiver = server._receiver  # type: ignore[attr-defined]
+        assert isinstance(receiver, PushReceiver)
+
+        async def produce() -> None:
+            for _ in range(count):
+                await client.send_frames(frames)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(produce)
+            with anyio.fail_after(20):
+                await wait_all_tasks_blocked()
+            assert not receiver._reading
+            assert len(receiver._queue) == 1
+            for _ in range(count):
+                with anyio.fail_after(10):
+                    assert len(await server.receive_frames()) == len(frames)
                 assert len(receiver._queue) <= 1
 
 

@@ -342,6 +342,32 @@ async def test_shutdown_after_leaving_listen_returns_at_once() -> None:
 
 
 @pytest.mark.parametrize("kind", KINDS)
+async def test_a_new_listener_takes_the_address_after_stop_accepting(kind: str) -> None:
+    """Once a listener stopped accepting, another may listen on its address (a
+    restart without dropping the old connections): the old listener's shutdown
+    leaves the new one's address alone."""
+    server_options, client_options = tls_options(kind)
+    async with listen_address(kind) as address:
+        async with anyio_comm.listen(address, echo_handler, **server_options) as old:
+            async with await anyio_comm.connect(old.address, timeout=10, **client_options) as a:
+                old.stop_accepting()
+                async with anyio_comm.listen(old.address, echo_handler, **server_options) as new:
+                    assert new.address == old.address
+                    await old.shutdown(10)  # the old comm ends with its listener
+                    with (
+                        anyio.fail_after(10),
+                        pytest.raises((EndOfStream, anyio.BrokenResourceError)),
+                    ):
+                        await a.receive()
+                    async with await anyio_comm.connect(
+                        old.address, timeout=10, **client_options
+                    ) as b:
+                        await b.send("new")
+                        with anyio.fail_after(10):
+                            assert await b.receive() == "new"
+
+
+@pytest.mark.parametrize("kind", KINDS)
 async def test_stop_accepting_keeps_established_connections(kind: str) -> None:
     """stop_accepting() refuses newcomers; established comms go on until their
     handlers return; serve() keeps running until cancelled."""

@@ -456,3 +456,25 @@ async def test_client_handshake_timeout(tls_version: ssl.TLSVersion) -> None:
             await anyio_comm.connect(
                 f"tls://127.0.0.1:{port}", ssl_context=client_context(tls_version), timeout=0.2
             )
+
+
+async def test_retry_does_not_retry_a_rejected_certificate(tls_version: ssl.TLSVersion) -> None:
+    """connect(retry=True) retries a listener that is not there yet, not one that
+    rejects the client's certificate: the TLS error comes at once (under TLS 1.3 as
+    the cause of a BrokenResourceError, the server's alert coming after the
+    client's handshake completed)."""
+    server_ctx = server_context(tls_version, require_client_cert=True)
+    stranger = client_context(tls_version)
+    trustme.CA().issue_cert("client@example.org").configure_cert(stranger)
+    async with anyio_comm.listen("tls://127.0.0.1:0", echo, ssl_context=server_ctx) as listener:
+        with anyio.fail_after(5):  # far inside connect's own timeout: no retries
+            try:
+                async with await anyio_comm.connect(
+                    listener.address, ssl_context=stranger, retry=True, timeout=60
+                ) as comm:
+                    await comm.receive()
+            except (ssl.SSLError, BrokenResourceError) as exc:
+                error: BaseException = exc
+            else:
+                raise AssertionError("the connection did not fail")
+        assert "UNKNOWN_CA" in tls_failure_reason(error)

@@ -43,11 +43,6 @@ class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
     async def handshake(self) -> None:
         """Run the transport's own handshake, if any (TLS); a no-op by default."""
 
-    def fileno(self) -> int:
-        """The socket whose readability :meth:`wait_readable` waits for, or -1 when
-        there is none (a byte stream): then only :meth:`wait_readable` can wait."""
-        return -1
-
     @abstractmethod
     def receive_into_nowait(self, buffer: memoryview) -> int | None:
         """Receive up to ``len(buffer)`` bytes into ``buffer`` without waiting.

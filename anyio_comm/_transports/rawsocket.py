@@ -178,6 +178,42 @@ class _LoopReader:
             future.set_result(None)
 
 
+class _LoopWriter:
+    """Waits for writability on an asyncio event loop; registered only while a send
+    waits (a full socket is rare), and :meth:`close` wakes that send."""
+
+    __slots__ = ("_fd", "_future", "_loop")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, fd: int) -> None:
+        self._loop = loop
+        self._fd = fd
+        self._future: asyncio.Future[None] | None = None
+
+    def wait(self) -> asyncio.Future[None]:
+        """Return a future done once the socket is writable (or :meth:`close` was called).
+
+        Raises:
+            NotImplementedError: the event loop has no ``add_writer``.
+        """
+        self._loop.add_writer(self._fd, self._on_writable)
+        future = self._future = self._loop.create_future()
+        return future
+
+    def _on_writable(self) -> None:
+        self._loop.remove_writer(self._fd)
+        future, self._future = self._future, None
+        if future is not None and not future.done():
+            future.set_result(None)
+
+    def close(self) -> None:
+        """Unregister and wake a waiting send."""
+        future, self._future = self._future, None
+        if future is not None:
+            self._loop.remove_writer(self._fd)
+            if not future.done():
+                future.set_result(None)
+
+
 class SocketTransport(Transport, SocketStream):
     """Byte transport over a connected stream socket that this object owns."""
 
@@ -192,6 +228,7 @@ class SocketTransport(Transport, SocketStream):
         "_trio",
         "_trio_busy",
         "_trio_closed",
+        "_writer",
     )
 
     def __init__(self, sock: socket.socket) -> None:
@@ -204,6 +241,7 @@ class SocketTransport(Transport, SocketStream):
         backend = current_backend()
         loop = backend.loop
         self._reader = _LoopReader(loop, sock.fileno()) if loop is not None else None
+        self._writer = _LoopWriter(loop, sock.fileno()) if loop is not None else None
         # trio's lowlevel module and exceptions on trio, None on asyncio.
         self._trio: ModuleType | None = backend.trio
         self._trio_closed: type[Exception] = ClosedResourceError
@@ -227,9 +265,6 @@ class SocketTransport(Transport, SocketStream):
     def _raw_socket(self) -> socket.socket:
         return self._sock
 
-    def fileno(self) -> int:
-        return self._sock.fileno()
-
     def _translate(self, exc: OSError) -> Exception:
         if self._closed or exc.errno == errno.EBADF:
             return ClosedResourceError()
@@ -247,10 +282,19 @@ class SocketTransport(Transport, SocketStream):
                 if self._closed:
                     raise ClosedResourceError
                 return
+        if not readable and self._writer is not None:
+            try:
+                await self._writer.wait()  # abort() wakes it through writer.close()
+            except NotImplementedError:  # no add_writer
+                self._writer = None
+            else:
+                if self._closed:
+                    raise ClosedResourceError
+                return
         trio_lowlevel = self._trio
         if trio_lowlevel is not None:
             # trio, called directly (AnyIO's wrapper looks up the backend on
-            # every call): notify_closing() in abort() wakes this wait,
+            # every call): trio's notify_closing() in abort() wakes this wait,
             # whichever task is in it.
             try:
                 if readable:
@@ -411,15 +455,32 @@ class SocketTransport(Transport, SocketStream):
     # -- closing -------------------------------------------------------------
 
     def abort(self) -> None:
+        """Close the socket now; a task waiting on it gets ClosedResourceError.
+
+        Callable from anywhere in the event loop's thread, a task or not (a loop
+        callback, a finalizer): on asyncio the waits are this transport's own and
+        are woken directly. Only waits made through trio or AnyIO (trio, and
+        asyncio loops without ``add_reader``) need their ``notify_closing()``,
+        which works only inside a task; outside one nothing can wait that way.
+        """
         if self._closed:
             return
         self._closed = True
         sock = self._sock
-        if self._reader is not None:
-            self._reader.close()
-        if sock.fileno() >= 0:
-            notify_closing(sock)
-        sock.close()
+        try:
+            if self._reader is not None:
+                self._reader.close()
+            if self._writer is not None:
+                self._writer.close()
+            if sock.fileno() >= 0 and (self._reader is None or self._writer is None):
+                if self._trio is not None:
+                    self._trio.notify_closing(sock)
+                else:
+                    notify_closing(sock)
+        except RuntimeError:  # outside a task: see above
+            pass
+        finally:
+            sock.close()
 
     async def aclose(self) -> None:
         self.abort()

@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, cast
+import functools
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
-from anyio import ClosedResourceError, EndOfStream
+from anyio import CancelScope, ClosedResourceError, EndOfStream
 
 from .base import Transport
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Awaitable, Callable, Mapping, Sequence
 
     from anyio.abc import ByteStream
 
     from .._sansio._buffer import Buffer
 
 __all__ = ["StreamTransport"]
+
+T = TypeVar("T")
 
 
 class StreamTransport(Transport):
@@ -26,9 +29,24 @@ class StreamTransport(Transport):
     a chunk (at most as large as the buffer of the last attempt) and keeps
     it, and :meth:`receive_into_nowait` copies from it. The stream decides how
     it sends; use the socket transport where speed matters.
+
+    :meth:`abort` closes a stream that has a synchronous ``close()`` (the
+    memory streams of ``inproc://`` and the test kit); for one that can only
+    close asynchronously (an AnyIO socket or TLS stream), it cancels the
+    stream operations in progress, each run in a cancel scope for that
+    purpose, and :meth:`aclose` then closes the stream.
     """
 
-    __slots__ = ("_closed", "_eof", "_hint", "_pending", "_send_interrupted", "_stream")
+    __slots__ = (
+        "_close",
+        "_closed",
+        "_eof",
+        "_hint",
+        "_pending",
+        "_scopes",
+        "_send_interrupted",
+        "_stream",
+    )
 
     def __init__(self, stream: ByteStream) -> None:
         self._stream = stream
@@ -37,6 +55,26 @@ class StreamTransport(Transport):
         self._hint = 65536
         self._closed = False
         self._send_interrupted = False
+        close = getattr(stream, "close", None)
+        self._close: Callable[[], object] | None = close if callable(close) else None
+        # the operations in progress, for abort() to cancel (streams without close())
+        self._scopes: set[CancelScope] = set()
+
+    async def _run(self, operation: Callable[[], Awaitable[T]]) -> T:
+        """``await operation()``, which :meth:`abort` can interrupt.
+
+        Raises:
+            anyio.ClosedResourceError: :meth:`abort` interrupted it.
+        """
+        if self._close is not None:
+            return await operation()
+        with CancelScope() as scope:
+            self._scopes.add(scope)
+            try:
+                return await operation()
+            finally:
+                self._scopes.discard(scope)
+        raise ClosedResourceError  # only abort() cancels that scope
 
     @property
     def stream(self) -> ByteStream:
@@ -68,7 +106,7 @@ class StreamTransport(Transport):
             await anyio.lowlevel.checkpoint()
             return
         try:
-            data = await self._stream.receive(self._hint)
+            data = await self._run(lambda: self._stream.receive(self._hint))
         except EndOfStream:
             self._eof = True
         else:
@@ -81,9 +119,10 @@ class StreamTransport(Transport):
     async def send_all(self, buffers: Sequence[Buffer]) -> bool:
         if self._closed:
             raise ClosedResourceError
+        send = self._stream.send
         try:
             for buffer in buffers:
-                await self._stream.send(cast("bytes", buffer))
+                await self._run(functools.partial(send, cast("bytes", buffer)))
         except BaseException:
             # We cannot know how much of the data an arbitrary stream has
             # taken when it failed or was cancelled: assume the framing is lost.
@@ -95,12 +134,13 @@ class StreamTransport(Transport):
         await self._stream.send_eof()
 
     def abort(self) -> None:
-        """Mark closed and close the stream if it can close synchronously (a
-        stream without ``close()`` is closed by :meth:`aclose`)."""
+        """Mark closed; close the stream if it can close synchronously, else
+        interrupt its operations in progress (:meth:`aclose` closes it)."""
         self._closed = True
-        close = getattr(self._stream, "close", None)
-        if callable(close):
-            close()
+        if self._close is not None:
+            self._close()
+        for scope in self._scopes:
+            scope.cancel()
 
     async def aclose(self) -> None:
         self._closed = True

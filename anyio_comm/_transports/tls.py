@@ -152,9 +152,6 @@ class TLSTransport(Transport):
 
     # -- Transport ---------------------------------------------------------
 
-    def fileno(self) -> int:
-        return self._inner.fileno()
-
     async def handshake(self) -> None:
         """Run the TLS handshake.
 
@@ -265,6 +262,9 @@ class TLSTransport(Transport):
         return waited
 
     async def send_eof(self) -> None:
+        # The cancellation point comes first, as on TCP: once close_notify is
+        # encrypted, returning normally is the only way to say it was sent.
+        await anyio.lowlevel.checkpoint()
         if self._closed:
             raise ClosedResourceError
         if not self._eof:

@@ -42,8 +42,13 @@ async def comm_pair(
             await from_stream(stream, options=resolved, local_address=local, peer_address=peer)
         )
 
-    async with anyio.create_task_group() as tg:
-        tg.start_soon(open_one, a, "memory://a", "memory://b")
-        tg.start_soon(open_one, b, "memory://b", "memory://a")
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(open_one, a, "memory://a", "memory://b")
+            tg.start_soon(open_one, b, "memory://b", "memory://a")
+    except BaseException:
+        for comm in comms:  # the end that did come up, if the other failed
+            await anyio.aclose_forcefully(comm)
+        raise
     first, second = sorted(comms, key=lambda c: c.local_address)
     return first, second
