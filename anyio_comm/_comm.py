@@ -308,7 +308,11 @@ class Comm(ObjectStream[Any]):
             IdleTimeoutError: nothing arrived for ``idle_timeout`` seconds;
                 the connection is closed.
         """
-        with self._receive_guard:
+        guard = self._receive_guard
+        if guard.held:
+            guard.raise_busy()
+        guard.held = True
+        try:
             if self._state is not _OPEN:
                 self._check_state()
             frames = self._pending
@@ -366,6 +370,8 @@ class Comm(ObjectStream[Any]):
                 raise
             self._yield_due = False
             return frames
+        finally:
+            guard.held = False
 
     async def _wait_idle(self, idle_timeout: float) -> None:
         """``receiver.wait()``, failing the comm after ``idle_timeout`` seconds."""
@@ -425,7 +431,11 @@ class Comm(ObjectStream[Any]):
         await self._send([_as_frame(buffer) for buffer in buffers])
 
     async def _send(self, frames: list[memoryview]) -> None:
-        with self._send_guard:
+        guard = self._send_guard
+        if guard.held:
+            guard.raise_busy()
+        guard.held = True
+        try:
             if self._state is not _OPEN:
                 self._check_state()
             conn = self._conn
@@ -463,6 +473,8 @@ class Comm(ObjectStream[Any]):
                 await trio_lowlevel.cancel_shielded_checkpoint()
             else:
                 self._yield_due = True
+        finally:
+            guard.held = False
 
     async def send_eof(self) -> None:
         """Tell the peer we will send no more messages; we can still receive.

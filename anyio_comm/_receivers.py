@@ -129,7 +129,7 @@ class Receiver(metaclass=ABCMeta):
 class PullReceiver(Receiver):
     """The receiving task reads: try the transport, wait for it when it is empty."""
 
-    __slots__ = ("_conn", "_empty", "_transport", "check_before_wait")
+    __slots__ = ("_conn", "_empty", "_transport", "_waited", "check_before_wait")
 
     def __init__(self, transport: Transport, conn: Connection, *, on_asyncio: bool) -> None:
         self._transport = transport
@@ -137,6 +137,7 @@ class PullReceiver(Receiver):
         # The last read from a plain socket came up short: it is empty, so do
         # not try it again before waiting.
         self._empty = False
+        self._waited = False
         # trio's waits are checkpoints that check first
         self.check_before_wait = on_asyncio
 
@@ -146,7 +147,10 @@ class PullReceiver(Receiver):
 
     def receive_nowait(self) -> list[memoryview] | None:
         conn = self._conn
-        frames = conn.next_message()
+        # After a wait, the decoder holds what it held when the last call found
+        # no message: go straight to the transport.
+        frames = None if self._waited else conn.next_message()
+        self._waited = False
         if frames is None and not self._empty:
             transport = self._transport
             get_buffer = conn.get_buffer
@@ -169,6 +173,7 @@ class PullReceiver(Receiver):
 
     def wait(self) -> Awaitable[None]:
         self._empty = False
+        self._waited = True
         return self._transport.wait_readable()
 
     def close(self) -> None:

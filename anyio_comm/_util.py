@@ -20,23 +20,44 @@ class ConflictDetector:
 
     ``with detector:`` around an operation raises :exc:`anyio.BusyResourceError`
     when another task is inside it already. A plain flag: no lock, nothing to
-    wait for, so it costs a couple of attribute writes per operation.
+    wait for.
+
+    A ``with`` statement on a Python object costs two method calls, which is
+    measurable on a per-message path (4 % of the instructions of a 1 KB round
+    trip on trio). The hot paths use the flag directly instead::
+
+        if detector.held:
+            detector.raise_busy()
+        detector.held = True
+        try:
+            ...
+        finally:
+            detector.held = False
 
     Args:
         action: what the operation does to the resource, for the error message
             ("receiving from", "sending to").
     """
 
-    __slots__ = ("_action", "_held")
+    __slots__ = ("_action", "held")
 
     def __init__(self, action: str) -> None:
         self._action = action
-        self._held = False
+        #: a task is inside the operation
+        self.held = False
+
+    def raise_busy(self) -> None:
+        """Raise the error for a second task.
+
+        Raises:
+            anyio.BusyResourceError: always.
+        """
+        raise BusyResourceError(self._action)
 
     def __enter__(self) -> None:
-        if self._held:
-            raise BusyResourceError(self._action)
-        self._held = True
+        if self.held:
+            self.raise_busy()
+        self.held = True
 
     def __exit__(
         self,
@@ -44,4 +65,4 @@ class ConflictDetector:
         exc_value: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
-        self._held = False
+        self.held = False

@@ -22,7 +22,7 @@ from anyio import TypedAttributeProvider
 from anyio.abc import AsyncResource
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Awaitable, Callable, Sequence
 
     from .._sansio._buffer import Buffer
 
@@ -63,9 +63,10 @@ class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
         """
 
     @abstractmethod
-    async def wait_readable(self) -> None:
-        """Wait until :meth:`receive_into_nowait` may return something. Always
-        yields to the event loop, and is a cancellation point.
+    def wait_readable(self) -> Awaitable[None]:
+        """Return an awaitable done when :meth:`receive_into_nowait` may return
+        something (a coroutine, or any awaitable: one frame less per wake-up).
+        Awaiting it always yields to the event loop, and is a cancellation point.
 
         Raises:
             anyio.ClosedResourceError: the transport was closed (by us, from

@@ -65,7 +65,7 @@ from .._backend import current_backend
 from .base import Transport
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Awaitable, Callable, Sequence
     from types import ModuleType
 
     from .._sansio._buffer import Buffer
@@ -329,9 +329,9 @@ class SocketTransport(Transport, SocketStream):
         self._drained = n < buffer.nbytes
         return n
 
-    async def wait_readable(self) -> None:
+    def wait_readable(self) -> Awaitable[None]:
         self._drained = False
-        await self._wait(readable=True)
+        return self._wait(readable=True)
 
     def readable(self) -> None:
         self._drained = False
