@@ -22,11 +22,25 @@ whole message at a time. Two engines do that:
   dropped only if the socket becomes readable while the queue is full, so a
   request/reply exchange of large messages, whose queue fills with every
   message and empties before the next arrives, never changes it.
+  A large frame (one read directly into its own buffer, see
+  :attr:`FrameDecoder.frame_buffer_due
+  <anyio_comm._sansio.decoder.FrameDecoder.frame_buffer_due>`) is left to the
+  task: the callback stops at its header and from then on only wakes the
+  task when the socket is readable; the task allocates the frame's buffer and
+  reads the rest of that message as the pull engine does, then the callback
+  reads again (the registration stays: no system call to switch). So a
+  frame's buffer is allocated when its
+  consumer asks for it, after the consumer let go of the previous message
+  (allocated in the callback, it came while the consumer still held its last
+  one: with several connections the heap then grew past what the allocator
+  keeps and was trimmed again and again, every page of those buffers faulting
+  in anew: 1 MB messages over four connections ran at 0.4x the floor), and
+  the pages a stalled consumer's connection holds stay bounded by the queue.
 
 Both receive the same bytes into the same buffers (a large frame's own buffer,
 without copying) with the same system calls. The push engine saves the
-receiving task a wake-up per read of a message that spans several reads, and
-answers a readable socket within the loop's callback.
+receiving task a wake-up per read of a message of small frames that spans
+several reads, and answers a readable socket within the loop's callback.
 
 Errors: whatever ends the stream (its end, a protocol error, a failed
 connection) is raised by :meth:`~Receiver.receive_nowait` once every message
@@ -200,9 +214,11 @@ class PushReceiver(Receiver):
         "__weakref__",
         "_closed",
         "_conn",
+        "_decoder",
         "_end",
         "_loop",
         "_paused",
+        "_pulling",
         "_queue",
         "_queued_bytes",
         "_reading",
@@ -222,6 +238,7 @@ class PushReceiver(Receiver):
     ) -> None:
         self._transport = transport
         self._conn = conn
+        self._decoder = conn.decoder
         self._loop = loop
         self._wake_on_bytes = wake_on_bytes
         self.check_before_wait = True
@@ -234,6 +251,8 @@ class PushReceiver(Receiver):
         # stream ended), so a callback drops the registration instead of reading
         self._reading = False
         self._paused = False
+        # a large frame is due: the task reads until its message is complete
+        self._pulling = False
         self._closed = False
 
     @classmethod
@@ -264,17 +283,32 @@ class PushReceiver(Receiver):
         if self._paused:
             self._stop_reading()  # bytes wait in the kernel until there is room
             return
+        if self._pulling:
+            # The task reads this message: wake it, or stop until it waits again.
+            self._transport.readable()
+            waiter = self._waiter
+            if waiter is None:
+                self._stop_reading()
+            else:
+                self._waiter = None
+                if not waiter.done():
+                    waiter.set_result(None)
+            return
         # Bytes (or the end) arrived: with an idle timeout to enforce, that is
         # activity even when they complete no message (nor even a TLS record).
         got_bytes = self._wake_on_bytes
         conn = self._conn
         get_buffer = conn.get_buffer
+        decoder = self._decoder
         transport = self._transport
         transport.readable()
         receive = transport.receive_into_nowait
         drains = not transport.buffers_data
         try:
             while True:
+                if decoder.frame_buffer_due:
+                    self._pulling = True  # the task reads this message (see the module)
+                    break
                 buffer = get_buffer()
                 n = receive(buffer)
                 if n is None:
@@ -292,7 +326,9 @@ class PushReceiver(Receiver):
         except Exception as exc:  # the end, a protocol error, a failure: after the queue
             self._set_end(exc)
         waiter = self._waiter
-        if waiter is not None and (self._queue or self._end is not None or got_bytes):
+        if waiter is not None and (
+            self._queue or self._end is not None or got_bytes or self._pulling
+        ):
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
@@ -319,6 +355,36 @@ class PushReceiver(Receiver):
             self._set_end(exc)
             return
         self._on_readable()
+
+    def _pull(self) -> list[memoryview] | None:
+        """Read as the task, as :class:`PullReceiver` does, until the message is
+        complete; then leave reading to the callback again."""
+        conn = self._conn
+        transport = self._transport
+        get_buffer = conn.get_buffer
+        while (frames := conn.next_message()) is None:
+            buffer = get_buffer()
+            n = transport.receive_into_nowait(buffer)
+            if n is None:
+                return None
+            if n:
+                conn.buffer_updated(n)
+            else:
+                conn.receive_eof()
+        self._pulling = False
+        if transport.buffers_data:
+            # TLS: what OpenSSL holds makes the socket no more readable: read it now.
+            self._resume()
+            return frames
+        # Queue what came after it in the same reads (the small frames of a
+        # message read at once); its next large frame is the task's again.
+        try:
+            self._decode()
+        except Exception as exc:
+            self._set_end(exc)
+        else:
+            self._pulling = self._decoder.frame_buffer_due
+        return frames
 
     def _set_end(self, exc: Exception) -> None:
         """Keep what ended the stream (without its traceback, which holds this
@@ -355,6 +421,8 @@ class PushReceiver(Receiver):
         if end is None:
             if self._closed:
                 raise ClosedResourceError
+            if self._pulling:
+                return self._pull()
             return None
         if isinstance(end, (EndOfData, RemoteProtocolError)):
             self._conn.next_message()  # the decoder raises it again, as a new exception
@@ -363,6 +431,9 @@ class PushReceiver(Receiver):
     def wait(self) -> asyncio.Future[None]:
         if self._closed:
             raise ClosedResourceError
+        if not self._reading and not self._paused:
+            # The callback stopped while the task, reading a large frame, was busy.
+            self._reading = self._transport.start_reading(self._on_readable)
         waiter = self._waiter = self._loop.create_future()
         if self._queue or self._end is not None:
             # Something came while the comm yielded between its last look and

@@ -165,6 +165,13 @@ class Connection:
         """True when no part of a message from the peer is buffered."""
         return self._decoder.at_message_boundary
 
+    @property
+    def decoder(self) -> FrameDecoder:
+        """The frame decoder behind :attr:`get_buffer` and :attr:`next_message`; its
+        :attr:`~FrameDecoder.frame_buffer_due` says the next :attr:`get_buffer`
+        allocates a large frame's buffer."""
+        return self._decoder
+
     # -- receiving -----------------------------------------------------------
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:

@@ -17,7 +17,12 @@ There are two places bytes can land:
   frame is copied out into a buffer of its own (a memcpy of a few KiB is far
   cheaper than a syscall).
 * the **frame's own buffer**. Each frame gets one exact-size allocation when it
-  starts (never before its header passed the limits). When the read-ahead
+  starts (never before its header passed the limits). A frame that is not
+  whole in the read-ahead buffer and would be read directly (see below) gets
+  its buffer only at the next :meth:`get_buffer`, when the I/O layer is about
+  to read into it (:attr:`frame_buffer_due` says so beforehand: a
+  callback-driven reader can leave that read to the task that consumes the
+  message, so that a large buffer is allocated when it is wanted). When the read-ahead
   buffer is empty and at least ``direct_threshold`` bytes of the current frame
   are missing, :meth:`get_buffer` returns the unfilled tail of the frame buffer
   itself, so the kernel copies those bytes exactly once, into their final
@@ -143,6 +148,7 @@ class FrameDecoder:
         "_state",
         "_target",
         "_view",
+        "frame_buffer_due",
     )
 
     def __init__(
@@ -181,6 +187,9 @@ class FrameDecoder:
         self._filled = 0
         self._lengths: tuple[int, ...] = ()
         self._frames: list[memoryview] = []
+        #: the next :meth:`get_buffer` allocates a frame's buffer (the frame is not
+        #: whole in the read-ahead buffer and its rest will be read directly into it)
+        self.frame_buffer_due = False
 
     @property
     def limits(self) -> Limits:
@@ -211,6 +220,8 @@ class FrameDecoder:
             self._start = self._end = 0  # after the end nothing is parsed: discard
             return self._view
         target = self._target
+        if self.frame_buffer_due:
+            target = self._start_frame()
         if target is not None and self._start == self._end:
             missing = target.nbytes - self._filled
             if missing >= self._direct_threshold:
@@ -422,12 +433,19 @@ class FrameDecoder:
                 frames = self._frames
                 length = self._lengths[len(frames)]
                 start = self._start
-                if self._fast_alloc and self._end - start >= length:
+                avail = self._end - start
+                if self._fast_alloc and avail >= length:
                     frames.append(memoryview(bytearray(view[start : start + length])))
                     self._start = start + length
                     if len(frames) == len(self._lengths):
                         return self._finish_message()
                     continue
+                if length - avail >= self._direct_threshold:
+                    # Its rest will be read directly into its buffer: allocate that
+                    # buffer at the next get_buffer(), when the bytes are wanted.
+                    self._check_eof("a message")
+                    self.frame_buffer_due = True
+                    return None
                 target = self._target = allocate(self._allocator, length)
                 self._filled = 0
 
@@ -452,6 +470,21 @@ class FrameDecoder:
             self._frames.append(target)
             if len(self._frames) == len(self._lengths):
                 return self._finish_message()
+
+    def _start_frame(self) -> memoryview:
+        """Allocate the buffer of the frame :attr:`frame_buffer_due` announced and
+        move the part of it in the read-ahead buffer there (all of that buffer's
+        bytes: they are this frame's, and more of it is missing)."""
+        length = self._lengths[len(self._frames)]
+        target = self._target = allocate(self._allocator, length)
+        self.frame_buffer_due = False
+        start = self._start
+        taken = self._end - start
+        if taken:
+            target[:taken] = self._view[start : self._end]
+        self._filled = taken
+        self._start = self._end = 0
+        return target
 
     def _begin_frames(self, lengths: tuple[int, ...]) -> None:
         limits = self._limits
@@ -485,6 +518,7 @@ class FrameDecoder:
         self._state = _State.ENDED
         self._end_error = error
         self._target = None
+        self.frame_buffer_due = False
         self._frames = []
         self._start = self._end = 0
 

@@ -100,6 +100,55 @@ def test_large_frame_is_received_directly_into_its_buffer() -> None:
     assert frame.obj is target.obj  # same allocation: the kernel wrote the final place
 
 
+def test_large_frame_buffer_is_allocated_at_the_next_get_buffer() -> None:
+    """A frame whose rest will be read directly gets its buffer when the bytes are
+    wanted (frame_buffer_due says so before): the bytes already in the read-ahead
+    buffer move into it."""
+    sizes: list[int] = []
+
+    def allocator(n: int) -> bytearray:
+        sizes.append(n)
+        return bytearray(n)
+
+    d = FrameDecoder(read_buffer_size=4096, allocator=allocator)
+    payload = bytes(range(256)) * 400  # 100 KiB
+    d.feed(PREAMBLE + encode_header([len(payload)]) + payload[:1000])
+    assert d.next_handshake() is not None
+    assert not d.frame_buffer_due
+    assert d.next_message() is None
+    assert d.next_message() is None  # asking again changes nothing
+    assert d.frame_buffer_due and sizes == []
+    assert not d.at_message_boundary
+    target = d.get_buffer()
+    assert sizes == [len(payload)] and not d.frame_buffer_due
+    assert target.nbytes == len(payload) - 1000
+    target[:] = payload[1000:]
+    d.buffer_updated(target.nbytes)
+    (frame,) = d.next_message() or []
+    assert bytes(frame) == payload
+
+
+def test_small_frame_buffer_is_allocated_with_its_header() -> None:
+    """A frame that will come through the read-ahead buffer needs no announcement."""
+    d = FrameDecoder(read_buffer_size=4096)
+    d.feed(PREAMBLE + encode_header([800]) + b"x" * 100)
+    d.next_handshake()
+    assert d.next_message() is None
+    assert not d.frame_buffer_due
+
+
+def test_end_of_stream_while_a_frame_buffer_is_due() -> None:
+    d = FrameDecoder(read_buffer_size=4096)
+    d.feed(PREAMBLE + encode_header([100_000]) + b"x" * 10)
+    d.next_handshake()
+    assert d.next_message() is None and d.frame_buffer_due
+    d.receive_eof()
+    with pytest.raises(EndOfData) as info:
+        d.next_message()
+    assert info.value.truncated
+    assert not d.frame_buffer_due
+
+
 def test_frames_have_their_own_exact_buffers() -> None:
     d = FrameDecoder()
     d.feed(PREAMBLE + encode([b"ab", b"cde"]))
