@@ -11,7 +11,8 @@ the same run: anyio-comm over the floor of the same backend, over AnyIO
 streams, dask, pyzmq and the blocking floor, trio over asyncio; server CPU per
 message at 1, 10 and 100 KB (with the diagnostic ``floor-reader``'s when it
 ran); and, for the many-connections workload (``--many``), round trips per
-second with p50 and p99 latency of every system. A cell with a target is
+second with p50 and p99 latency of every system; what TLS adds to each system's
+server CPU per message (its TLS layer's cost). A cell with a target is
 marked ✓ (met) or ✗ (missed), the targets are stated at the top of the report
 and the misses listed at the end; figures without a mark are for reference. A
 ``--gil-hold`` run (a GIL-holding thread in every server) has one ratio table
@@ -276,6 +277,38 @@ def _cpu_table(
     return lines
 
 
+#: the systems whose TLS layers the TLS cost table sets side by side
+TLS_LAYERS = ("anyio-comm", "floor", "anyio-streams", "floor-blocking")
+
+
+def _tls_cost_table(ok: dict[Key, dict[str, Any]], workloads: list[Workload]) -> list[str]:
+    """What TLS adds to each system's server CPU per message (TLS minus plain TCP, same
+    run, same workload): the TLS layers compared by what they cost, not by the rest of
+    their systems. anyio-comm runs OpenSSL through ``ssl.SSLObject`` in the loop's
+    thread; the floor through the event loop's own TLS (asyncio's SSL protocol,
+    uvloop's in C) or ``trio.SSLStream``; AnyIO streams through ``TLSStream``
+    (``SSLObject``); the blocking floor through ``ssl.SSLSocket`` (a thread each)."""
+    lines = [
+        "| workload | backend | " + " | ".join(f"{s} µs" for s in TLS_LAYERS) + " | "
+        "anyio-comm / floor |",
+        "|---|---|" + "---:|" * (len(TLS_LAYERS) + 1),
+    ]
+    for w in workloads:
+        plain = (*w[:3], None)
+        for b in (*BACKENDS, "threads"):
+            costs: list[float | None] = []
+            for system in TLS_LAYERS:
+                t, p = _cpu(ok, system, b, w), _cpu(ok, system, b, plain)
+                costs.append(None if t is None or p is None else t - p)
+            if all(c is None for c in costs):
+                continue
+            comm, floor = costs[0], costs[1]
+            ratio = "-" if comm is None or floor is None or floor <= 0 else f"{comm / floor:.2f}"
+            cells = " | ".join(_us(c) for c in costs)
+            lines.append(f"| {_workload_label(w)} | {b} | {cells} | {ratio} |")
+    return lines
+
+
 def _many_table(
     ok: dict[Key, dict[str, Any]],
     workloads: list[Workload],
@@ -341,6 +374,10 @@ def _sections(data: dict[str, Any]) -> tuple[list[str], list[str]]:
             "### Ratios over TLS (round trips per second, anyio-comm+tls / other+tls)",
             "",
             *_ratio_table(ok, tls, TLS_COLUMNS, misses, "TLS"),
+            "",
+            "### What TLS costs (server CPU per message over TLS minus plain TCP, µs)",
+            "",
+            *_tls_cost_table(ok, tls),
             "",
         ]
     many = _many(data)

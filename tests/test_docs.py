@@ -38,22 +38,27 @@ def _case(system: str, backend: str, size: int, concurrency: int, **figures: obj
     }
 
 
+def _metadata(**options: object) -> dict:
+    """The metadata of a comparison run with ``options`` beside the usual ones."""
+    return {
+        "date": "today",
+        "command": ["python", "-m", "benchmarks.compare"],
+        "cpu_count": 2,
+        "pinning": "none",
+        "python": "3.11.7 (main)",
+        "versions": {},
+        "load_average_before": "0",
+        "load_average_after": "0",
+        "options": {"seconds": 1, "warmup": 0.3, "repeat": 1, **options},
+    }
+
+
 def test_comparison_report_shows_the_many_connections_workload() -> None:
     from benchmarks.render_compare import render as render_compare
 
     many = {"rps": 1_000.0, "p50_ms": 10.0}
     data = {
-        "metadata": {
-            "date": "today",
-            "command": ["python", "-m", "benchmarks.compare"],
-            "cpu_count": 2,
-            "pinning": "none",
-            "python": "3.11.7 (main)",
-            "versions": {},
-            "load_average_before": "0",
-            "load_average_after": "0",
-            "options": {"seconds": 1, "warmup": 0.3, "repeat": 1, "many": [8000, 200]},
-        },
+        "metadata": _metadata(many=[8000, 200]),
         "results": [
             _case("anyio-comm", "uvloop", 8000, 200, **many, p99_ms=30.0),
             _case("anyio-streams", "uvloop", 8000, 200, **{**many, "rps": 500.0}, p99_ms=20.0),
@@ -72,6 +77,33 @@ def test_comparison_report_shows_the_many_connections_workload() -> None:
     assert [line.split(":")[0] for line in misses] == ["- TLS 8 KB, c=200", "- plain 8 KB, c=200"]
     assert "anyio-comm uvloop / anyio-streams uvloop = 1.00x (target > 1x" in misses[0]
     assert "anyio-comm uvloop p99 30.00 ms, above anyio-streams uvloop's 20.00 ms" in misses[1]
+
+
+def test_comparison_report_shows_what_tls_costs_each_system() -> None:
+    """Server CPU per message over TLS minus plain TCP, per system and backend; a system
+    without both cases shows a dash, and the ratio is anyio-comm's over the floor's."""
+    from benchmarks.render_compare import render as render_compare
+
+    figures = {"rps": 1_000.0, "p50_ms": 1.0, "p99_ms": 2.0}
+
+    def case(system: str, backend: str, cpu: float, tls: str | None = None) -> dict:
+        return _case(system, backend, 1000, 4, **figures, server_cpu_us_per_rt=cpu, tls=tls)
+
+    data = {
+        "metadata": _metadata(),
+        "results": [
+            case("anyio-comm", "uvloop", 40.0),
+            case("anyio-comm", "uvloop", 70.0, "1.3"),
+            case("floor", "uvloop", 20.0),
+            case("floor", "uvloop", 35.0, "1.3"),
+            case("anyio-streams", "uvloop", 50.0, "1.3"),  # no plain case
+            case("floor-blocking", "threads", 25.0),
+            case("floor-blocking", "threads", 55.0, "1.3"),
+        ],
+    }
+    report = render_compare(data)
+    assert "| 1 KB, c=4 | uvloop | 30.0 | 15.0 | - | - | 2.00 |" in report
+    assert "| 1 KB, c=4 | threads | - | - | - | 30.0 | - |" in report
 
 
 @pytest.mark.parametrize("name", ["memory-tcp", "memory-tls"])
