@@ -29,13 +29,13 @@ whole message at a time. Two engines do that:
   task when the socket is readable; the task allocates the frame's buffer and
   reads the rest of that message as the pull engine does, then the callback
   reads again (the registration stays: no system call to switch). So a
-  frame's buffer is allocated when its
-  consumer asks for it, after the consumer let go of the previous message
-  (allocated in the callback, it came while the consumer still held its last
-  one: with several connections the heap then grew past what the allocator
-  keeps and was trimmed again and again, every page of those buffers faulting
-  in anew: 1 MB messages over four connections ran at 0.4x the floor), and
-  the pages a stalled consumer's connection holds stay bounded by the queue.
+  frame's buffer is allocated when its consumer asks for it, after the
+  consumer let go of the previous message (allocated in the callback, it came
+  while the consumer still held its last one: with several connections the
+  heap then grew past what the allocator keeps and was trimmed again and
+  again, every page of those buffers faulting in anew: 1 MB messages over
+  four connections ran at 0.4x the floor), and the pages a stalled
+  consumer's connection holds stay bounded by the queue.
 
 Both receive the same bytes into the same buffers (a large frame's own buffer,
 without copying) with the same system calls. The push engine saves the

@@ -22,8 +22,8 @@ There are two places bytes can land:
   its buffer only at the next :meth:`get_buffer`, when the I/O layer is about
   to read into it (:attr:`frame_buffer_due` says so beforehand: a
   callback-driven reader can leave that read to the task that consumes the
-  message, so that a large buffer is allocated when it is wanted). When the read-ahead
-  buffer is empty and at least ``direct_threshold`` bytes of the current frame
+  message, so that a large buffer is allocated when it is wanted).
+  When the read-ahead buffer is empty and at least ``direct_threshold`` bytes of the current frame
   are missing, :meth:`get_buffer` returns the unfilled tail of the frame buffer
   itself, so the kernel copies those bytes exactly once, into their final
   place. At most one read-ahead buffer's worth of a large frame is ever copied.
