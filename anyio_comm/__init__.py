@@ -17,7 +17,9 @@ if _typing.TYPE_CHECKING:
     from ._exceptions import CommError as CommError
     from ._exceptions import IdleTimeoutError as IdleTimeoutError
     from ._exceptions import LocalProtocolError as LocalProtocolError
+    from ._exceptions import MessageTimeoutError as MessageTimeoutError
     from ._exceptions import ProtocolError as ProtocolError
+    from ._exceptions import ReceiveBudgetError as ReceiveBudgetError
     from ._exceptions import RemoteProtocolError as RemoteProtocolError
     from ._exceptions import SerializationError as SerializationError
     from ._listener import Handler as Handler
@@ -25,6 +27,7 @@ if _typing.TYPE_CHECKING:
     from ._listener import listen as listen
     from ._listener import serve as serve
     from ._options import Options as Options
+    from ._sansio.budget import ReceiveBudget as ReceiveBudget
     from ._sansio.buffers import Allocator as Allocator
     from ._sansio.wire import Handshake as Handshake
     from ._sansio.wire import Limits as Limits
@@ -43,8 +46,11 @@ _EXPORTS = {
     "Limits": "._sansio.wire",
     "Listener": "._listener",
     "LocalProtocolError": "._exceptions",
+    "MessageTimeoutError": "._exceptions",
     "Options": "._options",
     "ProtocolError": "._exceptions",
+    "ReceiveBudget": "._sansio.budget",
+    "ReceiveBudgetError": "._exceptions",
     "RemoteProtocolError": "._exceptions",
     "SerializationError": "._exceptions",
     "connect": "._connect",
@@ -64,8 +70,11 @@ __all__ = [
     "Limits",
     "Listener",
     "LocalProtocolError",
+    "MessageTimeoutError",
     "Options",
     "ProtocolError",
+    "ReceiveBudget",
+    "ReceiveBudgetError",
     "RemoteProtocolError",
     "SerializationError",
     "__version__",

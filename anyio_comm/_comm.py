@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import logging
+import math
 from typing import TYPE_CHECKING, Any, Final
 
 from anyio import (
@@ -56,6 +58,7 @@ from anyio import (
     EndOfStream,
     TypedAttributeSet,
     aclose_forcefully,
+    current_time,
     move_on_after,
     typed_attribute,
 )
@@ -64,7 +67,13 @@ from anyio.lowlevel import checkpoint
 
 from ._backend import current_backend
 from ._compat import final
-from ._exceptions import IdleTimeoutError, LocalProtocolError, RemoteProtocolError
+from ._exceptions import (
+    IdleTimeoutError,
+    LocalProtocolError,
+    MessageTimeoutError,
+    ReceiveBudgetError,
+    RemoteProtocolError,
+)
 from ._receivers import start_receiver
 from ._sansio.connection import Connection, ConnectionState
 from ._sansio.decoder import EndOfData
@@ -76,11 +85,14 @@ if TYPE_CHECKING:
     from ._options import Options
     from ._receivers import Receiver
     from ._sansio._buffer import Buffer
+    from ._sansio.budget import BudgetAccount, ReceiveBudget
     from ._sansio.serialization import Serializer
     from ._sansio.wire import Handshake
     from ._transports.base import Transport
 
 __all__ = ["Comm", "CommAttribute", "IdleHook", "establish"]
+
+logger = logging.getLogger("anyio_comm")
 
 
 class _State(enum.Enum):
@@ -165,9 +177,13 @@ class Comm(ObjectStream[Any]):
     __slots__ = (
         "_check_cancelled",
         "_conn",
+        "_error",
         "_hook",
         "_idle_timeout",
         "_local_address",
+        "_message_timeout",
+        "_message_waited",
+        "_min_receive_rate",
         "_peer_address",
         "_pending",
         "_receive_guard",
@@ -190,6 +206,8 @@ class Comm(ObjectStream[Any]):
         local_address: str,
         peer_address: str,
         idle_timeout: float | None = None,
+        message_timeout: float | None = None,
+        min_receive_rate: int = 0,
         hook: IdleHook | None = None,
     ) -> None:
         if conn.peer is None:
@@ -215,7 +233,16 @@ class Comm(ObjectStream[Any]):
         # checkpoint; the next receive returns it.
         self._pending: list[memoryview] | None = None
         self._idle_timeout = idle_timeout
+        self._message_timeout = message_timeout
+        self._min_receive_rate = min_receive_rate
+        # seconds waited for the peer since the message being received began
+        self._message_waited = 0.0
+        # why the comm broke, when it was closed for a reason of its own
+        self._error: BrokenResourceError | None = None
         self._hook = hook
+        account = conn.decoder.account
+        if account is not None:
+            account.on_stall = self._stalled
 
     def __repr__(self) -> str:
         return f"<Comm {self._local_address} -> {self._peer_address} ({self._state.value})>"
@@ -334,16 +361,17 @@ class Comm(ObjectStream[Any]):
                                     await checkpoint()  # ... here, before anything is read
                                 hook._waiting = receiver
                             try:
-                                if self._idle_timeout is None:
+                                if self._idle_timeout is None and receiver.at_message_boundary:
                                     await receiver.wait()
                                 else:
-                                    await self._wait_idle(self._idle_timeout)
+                                    await self._wait_guarded()
                             finally:
                                 if hook is not None:
                                     hook._waiting = None
                             frames = receiver.receive_nowait()
                             if frames is not None:
                                 self._yield_due = False
+                                self._message_waited = 0.0
                                 return frames
                 except EndOfData as exc:
                     if exc.truncated:
@@ -369,19 +397,85 @@ class Comm(ObjectStream[Any]):
                 self._pending = frames
                 raise
             self._yield_due = False
+            self._message_waited = 0.0
             return frames
         finally:
             guard.held = False
 
-    async def _wait_idle(self, idle_timeout: float) -> None:
-        """``receiver.wait()``, failing the comm after ``idle_timeout`` seconds."""
-        with move_on_after(idle_timeout):
-            await self._receiver.wait()
+    async def _wait_guarded(self) -> None:
+        """``receiver.wait()`` under the timers that apply to it.
+
+        * The message waits for the receive budget: wake up from time to time
+          to close the connections that stalled holding it.
+        * A message is being received: fail the comm once it has waited longer
+          than ``message_timeout`` plus one second per ``min_receive_rate``
+          bytes received (only time waiting for the peer counts).
+        * ``idle_timeout``: fail the comm when no byte arrives for that long.
+
+        Raises:
+            MessageTimeoutError: the message took too long.
+            IdleTimeoutError: nothing arrived for ``idle_timeout`` seconds.
+        """
+        receiver = self._receiver
+        decoder = self._conn.decoder
+        if decoder.waiting_for_budget:
+            # Our side holds the message back: neither the peer's timers run.
+            account = decoder.account
+            assert account is not None
+            budget = account.budget
+            stall_timeout = budget.stall_timeout
+            interval = math.inf if stall_timeout is None else min(stall_timeout / 4, 1.0)
+            with move_on_after(interval):
+                await receiver.wait()
+                return
+            for victim in budget.check_stalls(current_time()):
+                victim.stall(
+                    f"held {victim.held} bytes of the receive budget ({budget.max_bytes} "
+                    f"bytes) without progress for {stall_timeout:g} s while "
+                    f"{budget.waiting} connections waited for it"
+                )
             return
-        # Between messages the peer loses nothing: close gracefully (it sees
-        # the end of the stream); inside a message, break the connection.
-        await self._fail(graceful=self._receiver.at_message_boundary)
-        raise IdleTimeoutError(f"nothing received for {idle_timeout:g} s")
+        idle_timeout = self._idle_timeout
+        timeout = math.inf if idle_timeout is None else idle_timeout
+        in_message = not receiver.at_message_boundary
+        message_timeout = self._message_timeout
+        if in_message and message_timeout is not None:
+            received = decoder.received_in_message
+            allowance = message_timeout - self._message_waited
+            if self._min_receive_rate:
+                allowance += received / self._min_receive_rate
+            if allowance <= 0:
+                await self._fail()
+                raise MessageTimeoutError(
+                    f"a message did not complete in time: {received} bytes of it arrived "
+                    f"in {self._message_waited:.3g} s of waiting (message_timeout "
+                    f"{message_timeout:g} s, min_receive_rate {self._min_receive_rate} "
+                    "bytes/s)"
+                )
+            timeout = min(timeout, allowance)
+        started = current_time()
+        with move_on_after(timeout):
+            await receiver.wait()
+            timeout = math.inf
+        if in_message:
+            self._message_waited += current_time() - started
+        if timeout == idle_timeout:
+            # Between messages the peer loses nothing: close gracefully (it sees
+            # the end of the stream); inside a message, break the connection.
+            await self._fail(graceful=receiver.at_message_boundary)
+            raise IdleTimeoutError(f"nothing received for {idle_timeout:g} s")
+        # (the message's allowance ran out: the caller reads what arrived, and
+        # the next wait fails unless that was enough)
+
+    def _stalled(self, reason: str) -> None:
+        """Close the connection for holding receive budget while stalled (called by
+        the budget's stall check, from another comm's task)."""
+        if self._state is _OPEN:
+            logger.warning("closing the connection from %s: it %s", self._peer_address, reason)
+            self._error = ReceiveBudgetError(f"closed to free the receive budget: it {reason}")
+            self._state = _State.BROKEN
+            self._receiver.close()
+            self._transport.abort()
 
     # -- sending -----------------------------------------------------------
 
@@ -546,6 +640,9 @@ class Comm(ObjectStream[Any]):
         if self._state is _State.CLOSED:
             raise ClosedResourceError
         if self._state is _State.BROKEN:
+            error = self._error
+            if error is not None:
+                raise type(error)(*error.args)
             raise BrokenResourceError("the connection is broken")
 
 
@@ -556,8 +653,12 @@ async def establish(
     local_address: str,
     peer_address: str,
     hook: IdleHook | None = None,
+    budget: ReceiveBudget | None = None,
 ) -> Comm:
     """Run the handshakes over ``transport`` and return the comm.
+
+    With a ``budget``, messages of the comm's peer are reserved from it (see
+    :class:`~anyio_comm.ReceiveBudget`).
 
     The transport's own handshake (TLS) first; then both sides send their
     preamble at once and read the peer's. All of it within
@@ -571,15 +672,27 @@ async def establish(
             the handshake.
         ssl.SSLError: the TLS handshake failed (TLS transports only).
     """
-    with move_on_after(options.handshake_timeout) as scope:
-        conn = await _exchange_preambles(transport, options)
+    account = budget.account() if budget is not None else None
+    try:
+        with move_on_after(options.handshake_timeout) as scope:
+            conn = await _exchange_preambles(transport, options, account)
+    except BaseException:
+        if account is not None:
+            account.close()
+        raise
     if scope.cancelled_caught:
+        if account is not None:
+            account.close()
         raise TimeoutError(
             f"the handshake with {peer_address} took longer than "
             f"handshake_timeout ({options.handshake_timeout:g} s)"
         )
     receiver = start_receiver(
-        transport, conn, current_backend(), wake_on_bytes=options.idle_timeout is not None
+        transport,
+        conn,
+        current_backend(),
+        wake_on_bytes=options.idle_timeout is not None,
+        wake_on_partial=options.message_timeout is not None,
     )
     return Comm(
         transport,
@@ -589,13 +702,20 @@ async def establish(
         local_address=local_address,
         peer_address=peer_address,
         idle_timeout=options.idle_timeout,
+        message_timeout=options.message_timeout,
+        min_receive_rate=options.min_receive_rate,
         hook=hook,
     )
 
 
-async def _exchange_preambles(transport: Transport, options: Options) -> Connection:
+async def _exchange_preambles(
+    transport: Transport, options: Options, account: BudgetAccount | None
+) -> Connection:
     conn = Connection(
-        options.limits, read_buffer_size=options.read_buffer_size, allocator=options.allocator
+        options.limits,
+        read_buffer_size=options.read_buffer_size,
+        allocator=options.allocator,
+        account=account,
     )
     await transport.handshake()
     await transport.send_all([conn.preamble()])

@@ -62,6 +62,7 @@ from ._connect import configure_socket, resolve_tcp
 from ._exceptions import ProtocolError, RemoteProtocolError
 from ._inproc import register, unregister
 from ._options import Options, OptionsKeywords, resolve_options
+from ._sansio.budget import DEFAULT_RECEIVE_BUDGET, ReceiveBudget
 from ._transports.rawsocket import SocketTransport
 from ._transports.stream import StreamTransport
 from ._transports.tls import TLSTransport
@@ -134,6 +135,12 @@ class Listener:
     def max_connections(self) -> int | None:
         """The most connections open at once (handshaking ones included), or ``None``."""
         return self._server.max_connections
+
+    @property
+    def receive_budget(self) -> ReceiveBudget | None:
+        """The budget of receive memory the connections share (``None``: none);
+        its ``in_use`` and ``waiting`` say how much is held and how many wait."""
+        return self._server.budget
 
     @property
     def accepting(self) -> bool:
@@ -250,8 +257,10 @@ class _Server:
         options: Options,
         ssl_context: ssl.SSLContext | None = None,
         max_connections: int | None = None,
+        budget: ReceiveBudget | None = None,
     ) -> None:
         self.handler = handler
+        self.budget = budget
         self.options = options
         self.ssl_context = ssl_context
         self.scheme = "tls" if ssl_context is not None else "tcp"
@@ -371,6 +380,7 @@ class _Server:
                 local_address=local,
                 peer_address=peer,
                 hook=connection.hook,
+                budget=self.budget,
             )
         except _HANDSHAKE_ERRORS as exc:
             transport.abort()
@@ -435,6 +445,7 @@ async def listen(
     *,
     options: Options | None = None,
     max_connections: int | None = None,
+    receive_budget: ReceiveBudget | int | None = DEFAULT_RECEIVE_BUDGET,
     backlog: int = 1024,
     ssl_context: ssl.SSLContext | None = None,
     **keywords: Unpack[OptionsKeywords],
@@ -464,6 +475,12 @@ async def listen(
             included. At the limit, no more are accepted: new ones wait in the
             ``backlog`` (where the client's ``connect`` waits, and its
             ``timeout`` runs) until a connection closes. ``None``: no limit.
+        receive_budget: the receive memory the connections may hold in
+            messages not yet taken by their handlers (see
+            :class:`~anyio_comm.ReceiveBudget`): a number of bytes (256 MiB by
+            default) makes a budget for this listener alone, a
+            ``ReceiveBudget`` may be shared with other listeners, ``None``
+            turns the budget off.
         backlog: ``listen()`` backlog for socket addresses.
         ssl_context: required for ``tls://`` (and only allowed there): the
             server context, e.g. ``ssl.create_default_context(
@@ -474,10 +491,11 @@ async def listen(
         The :class:`Listener`; ``listener.address`` is the contact address.
 
     Raises:
-        ValueError: malformed address, unknown scheme, invalid option, or
-            ``ssl_context`` missing for ``tls://`` (or given for another scheme).
+        ValueError: malformed address, unknown scheme, invalid option, a
+            negative ``receive_budget``, or ``ssl_context`` missing for
+            ``tls://`` (or given for another scheme).
         TypeError: ``handler`` is not callable, an unknown keyword, or an
-            option of the wrong type.
+            option (or ``receive_budget``) of the wrong type.
         OSError: the address could not be bound (in use, permission, ...).
     """
     parsed: Address = parse_address(address)
@@ -493,6 +511,11 @@ async def listen(
         raise ValueError(
             f"max_connections must be a positive int or None, not {max_connections!r}"
         )
+    budget = (
+        receive_budget
+        if receive_budget is None or isinstance(receive_budget, ReceiveBudget)
+        else ReceiveBudget(receive_budget)
+    )
     sockets: list[socket.socket] = []
     unix_path: str | None = None
     inode = -1
@@ -523,7 +546,7 @@ async def listen(
             unix_path = parsed.path
             inode = os.stat(unix_path).st_ino
             addresses = [f"unix://{parsed.path}"]
-        server = _Server(handler, resolved, ssl_context, max_connections)
+        server = _Server(handler, resolved, ssl_context, max_connections, budget)
         if parsed.scheme == "inproc":
             inproc_name = register(parsed.path, server.start_inproc_connection)
             addresses = [f"inproc://{inproc_name}"]
@@ -552,6 +575,7 @@ async def serve(
     task_status: TaskStatus[Listener] = TASK_STATUS_IGNORED,
     options: Options | None = None,
     max_connections: int | None = None,
+    receive_budget: ReceiveBudget | int | None = DEFAULT_RECEIVE_BUDGET,
     backlog: int = 1024,
     ssl_context: ssl.SSLContext | None = None,
     **keywords: Unpack[OptionsKeywords],
@@ -569,6 +593,7 @@ async def serve(
         handler,
         options=resolve_options("serve", options, keywords),
         max_connections=max_connections,
+        receive_budget=receive_budget,
         backlog=backlog,
         ssl_context=ssl_context,
     ) as listener:

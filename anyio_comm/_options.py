@@ -20,6 +20,10 @@ __all__ = ["Options", "OptionsKeywords", "check_seconds", "resolve_options"]
 
 #: a new connection's TLS handshake and preamble exchange must complete within this
 DEFAULT_HANDSHAKE_TIMEOUT: Final = 10.0
+#: seconds of waiting a message that has begun to arrive gets to complete ...
+DEFAULT_MESSAGE_TIMEOUT: Final = 60.0
+#: ... plus one second per this many bytes of it that arrived
+DEFAULT_MIN_RECEIVE_RATE: Final = 64 * 1024
 
 
 def check_seconds(name: str, value: float | None, minimum: float = 0.0) -> None:
@@ -67,6 +71,15 @@ class Options:
             with :exc:`~anyio_comm.IdleTimeoutError` (and the connection is
             closed) when no byte arrives for this many seconds while it waits
             (``None``: it waits forever).
+        message_timeout: once part of a message arrived, :meth:`Comm.receive
+            <anyio_comm.Comm.receive>` waits at most this many seconds for the
+            rest, plus one second for every ``min_receive_rate`` bytes of the
+            message that arrived; then it fails with
+            :exc:`~anyio_comm.MessageTimeoutError` (and the connection is
+            closed). Only time spent waiting for the peer counts. ``None``: no
+            limit.
+        min_receive_rate: bytes per second a message must arrive at, on
+            average, to extend its ``message_timeout`` (0: no extension).
         keepalive: for TCP (and TLS) connections, turn on TCP keepalive so that
             a peer that vanished without a word (host down, network cut) is
             detected in about this many seconds of silence; on Linux, also
@@ -78,7 +91,8 @@ class Options:
     Raises:
         TypeError: a field has the wrong type.
         ValueError: a field is out of range (``read_buffer_size`` below 4096,
-            a negative ``oob_threshold``, a duration that is not positive).
+            a negative ``oob_threshold`` or ``min_receive_rate``, a duration
+            that is not positive).
     """
 
     limits: Limits = field(default_factory=Limits)
@@ -88,17 +102,21 @@ class Options:
     allow_pickle: bool = False
     handshake_timeout: float | None = DEFAULT_HANDSHAKE_TIMEOUT
     idle_timeout: float | None = None
+    message_timeout: float | None = DEFAULT_MESSAGE_TIMEOUT
+    min_receive_rate: int = DEFAULT_MIN_RECEIVE_RATE
     keepalive: float | None = None
 
     def __post_init__(self) -> None:
         # Fail where the options are made, not at the first connection.
         if not isinstance(self.limits, Limits):
             raise TypeError(f"limits must be a Limits, not {type(self.limits).__name__}")
-        for name in ("read_buffer_size", "oob_threshold"):
+        for name in ("read_buffer_size", "oob_threshold", "min_receive_rate"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, not {type(value).__name__}")
         check_read_buffer_size(self.read_buffer_size)
+        if self.min_receive_rate < 0:
+            raise ValueError(f"min_receive_rate must not be negative, got {self.min_receive_rate}")
         if self.allocator is not None and not callable(self.allocator):
             raise TypeError("allocator must be callable (allocator(n) -> buffer) or None")
         if not isinstance(self.allow_pickle, bool):
@@ -106,6 +124,7 @@ class Options:
         self.serializer()  # checks oob_threshold
         check_seconds("handshake_timeout", self.handshake_timeout)
         check_seconds("idle_timeout", self.idle_timeout)
+        check_seconds("message_timeout", self.message_timeout)
         check_seconds("keepalive", self.keepalive)
 
     def serializer(self) -> Serializer:
@@ -123,6 +142,8 @@ class OptionsKeywords(TypedDict, total=False):
     allow_pickle: bool
     handshake_timeout: float | None
     idle_timeout: float | None
+    message_timeout: float | None
+    min_receive_rate: int
     keepalive: float | None
 
 

@@ -53,9 +53,11 @@ import collections
 from abc import ABCMeta, abstractmethod
 from typing import TYPE_CHECKING, Final
 
+import anyio
 from anyio import ClosedResourceError
 
 from ._compat import final
+from ._sansio.budget import FRAME_COST
 from ._sansio.decoder import EndOfData
 from ._sansio.errors import RemoteProtocolError
 
@@ -64,6 +66,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable
 
     from ._backend import Backend
+    from ._sansio.budget import BudgetAccount
     from ._sansio.connection import Connection
     from ._transports.base import Transport
 
@@ -85,13 +88,11 @@ MAX_QUEUED_MESSAGES: Final = 64
 #: (a larger message waits alone, and the next is not started: a stalled consumer
 #: costs what it does with the pull engine, the message it holds and one more)
 MAX_QUEUED_BYTES: Final = 64 * 1024
-#: what a received frame costs beside its bytes (a bytearray and a memoryview object),
-#: so that messages of many empty frames count for what they hold
-FRAME_COST: Final = 256
 
 
 def _cost(frames: list[memoryview]) -> int:
-    """What a decoded message holds in memory, as counted against MAX_QUEUED_BYTES."""
+    """What a decoded message holds in memory, as counted against MAX_QUEUED_BYTES
+    (and against the receive budget: :func:`~anyio_comm._sansio.budget.message_cost`)."""
     return sum(map(len, frames)) + FRAME_COST * len(frames)  # flat views: len() is the size
 
 
@@ -143,11 +144,12 @@ class Receiver(metaclass=ABCMeta):
 class PullReceiver(Receiver):
     """The receiving task reads: try the transport, wait for it when it is empty."""
 
-    __slots__ = ("_conn", "_empty", "_transport", "_waited", "check_before_wait")
+    __slots__ = ("_conn", "_decoder", "_empty", "_transport", "_waited", "check_before_wait")
 
     def __init__(self, transport: Transport, conn: Connection, *, on_asyncio: bool) -> None:
         self._transport = transport
         self._conn = conn
+        self._decoder = conn.decoder
         # The last read from a plain socket came up short: it is empty, so do
         # not try it again before waiting.
         self._empty = False
@@ -157,7 +159,7 @@ class PullReceiver(Receiver):
 
     @property
     def at_message_boundary(self) -> bool:
-        return self._conn.at_message_boundary
+        return self._decoder.at_message_boundary
 
     def receive_nowait(self) -> list[memoryview] | None:
         conn = self._conn
@@ -165,7 +167,8 @@ class PullReceiver(Receiver):
         # no message: go straight to the transport.
         frames = None if self._waited else conn.next_message()
         self._waited = False
-        if frames is None and not self._empty:
+        decoder = self._decoder
+        if frames is None and not self._empty and not decoder.waiting_for_budget:
             transport = self._transport
             get_buffer = conn.get_buffer
             while True:
@@ -181,17 +184,32 @@ class PullReceiver(Receiver):
                 if n < buffer.nbytes and not transport.buffers_data:
                     self._empty = True
                     break
-                if frames is not None:
+                if frames is not None or decoder.waiting_for_budget:
                     break
         return frames
 
     def wait(self) -> Awaitable[None]:
+        decoder = self._decoder
+        if decoder.waiting_for_budget:
+            return _wait_for_grant(decoder.account)
         self._empty = False
         self._waited = True
         return self._transport.wait_readable()
 
     def close(self) -> None:
-        """Nothing to stop: the task reads, and closing the transport wakes it."""
+        """Leave the budget; nothing else to stop: the task reads, and closing
+        the transport wakes it."""
+        account = self._decoder.account
+        if account is not None:
+            account.close()
+
+
+async def _wait_for_grant(account: BudgetAccount | None) -> None:
+    """Wait until ``account`` was granted the reservation it waits for."""
+    assert account is not None
+    granted = anyio.Event()
+    account.on_grant = granted.set
+    await granted.wait()
 
 
 @final
@@ -212,6 +230,8 @@ class PushReceiver(Receiver):
 
     __slots__ = (
         "__weakref__",
+        "_account",
+        "_budget_min",
         "_closed",
         "_conn",
         "_decoder",
@@ -222,9 +242,11 @@ class PushReceiver(Receiver):
         "_queue",
         "_queued_bytes",
         "_reading",
+        "_timed",
         "_transport",
         "_waiter",
         "_wake_on_bytes",
+        "_wake_on_partial",
         "check_before_wait",
     )
 
@@ -235,12 +257,16 @@ class PushReceiver(Receiver):
         loop: asyncio.AbstractEventLoop,
         *,
         wake_on_bytes: bool = False,
+        wake_on_partial: bool = False,
     ) -> None:
         self._transport = transport
         self._conn = conn
         self._decoder = conn.decoder
         self._loop = loop
         self._wake_on_bytes = wake_on_bytes
+        # Wake the task once when a message is left incomplete by a callback (the
+        # comm then times it: see Comm._wait_guarded); False again once noted.
+        self._timed = self._wake_on_partial = wake_on_partial
         self.check_before_wait = True
         self._queue: collections.deque[list[memoryview]] = collections.deque()
         self._queued_bytes = 0
@@ -254,6 +280,13 @@ class PushReceiver(Receiver):
         # a large frame is due: the task reads until its message is complete
         self._pulling = False
         self._closed = False
+        # Messages costing at least _budget_min hold a reservation of the budget
+        # until the task takes them (the decoder keeps them past completion).
+        account = self._account = self._decoder.account
+        self._budget_min = self._decoder.budget_min if account is not None else 1 << 64
+        if account is not None:
+            self._decoder.hold_reservations = True
+            account.on_grant = self._budget_granted
 
     @classmethod
     def start(
@@ -263,10 +296,13 @@ class PushReceiver(Receiver):
         loop: asyncio.AbstractEventLoop,
         *,
         wake_on_bytes: bool = False,
+        wake_on_partial: bool = False,
     ) -> PushReceiver | None:
         """Return a receiver reading from ``transport`` through the event loop's
         readiness callbacks, or ``None`` if the transport cannot do that."""
-        receiver = cls(transport, conn, loop, wake_on_bytes=wake_on_bytes)
+        receiver = cls(
+            transport, conn, loop, wake_on_bytes=wake_on_bytes, wake_on_partial=wake_on_partial
+        )
         if not transport.start_reading(receiver._on_readable):
             return None
         receiver._reading = True
@@ -275,7 +311,7 @@ class PushReceiver(Receiver):
 
     @property
     def at_message_boundary(self) -> bool:
-        return not self._queue and self._conn.at_message_boundary
+        return not self._queue and self._decoder.at_message_boundary
 
     def _on_readable(self) -> None:
         """The event loop's callback: receive and decode until the socket is
@@ -309,6 +345,9 @@ class PushReceiver(Receiver):
                 if decoder.frame_buffer_due:
                     self._pulling = True  # the task reads this message (see the module)
                     break
+                if decoder.waiting_for_budget:
+                    self._stop_reading()  # until the budget grants the message
+                    break
                 buffer = get_buffer()
                 n = receive(buffer)
                 if n is None:
@@ -327,7 +366,11 @@ class PushReceiver(Receiver):
             self._set_end(exc)
         waiter = self._waiter
         if waiter is not None and (
-            self._queue or self._end is not None or got_bytes or self._pulling
+            self._queue
+            or self._end is not None
+            or got_bytes
+            or self._pulling
+            or (self._wake_on_partial and not decoder.at_message_boundary)
         ):
             self._waiter = None
             if not waiter.done():
@@ -345,6 +388,20 @@ class PushReceiver(Receiver):
                 self._paused = True
                 return True
         return False
+
+    def _budget_granted(self) -> None:
+        """The budget granted the message that waited: read it (called by the
+        budget from the release of another connection, or of this one)."""
+        if self._closed or self._end is not None:
+            return
+        if not self._reading and not self._paused:
+            self._reading = self._transport.start_reading(self._on_readable)
+        self._resume()
+        waiter = self._waiter
+        if waiter is not None and (self._queue or self._end is not None or self._pulling):
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _resume(self) -> None:
         """Decode what the decoder already holds, then read from the socket."""
@@ -372,6 +429,9 @@ class PushReceiver(Receiver):
             else:
                 conn.receive_eof()
         self._pulling = False
+        cost = _cost(frames)
+        if cost >= self._budget_min:
+            self._account.release(cost)  # type: ignore[union-attr]
         if transport.buffers_data:
             # TLS: what OpenSSL holds makes the socket no more readable: read it now.
             self._resume()
@@ -402,7 +462,10 @@ class PushReceiver(Receiver):
         queue = self._queue
         if queue:
             frames = queue.popleft()
-            self._queued_bytes -= _cost(frames)
+            cost = _cost(frames)
+            self._queued_bytes -= cost
+            if cost >= self._budget_min:
+                self._account.release(cost)  # type: ignore[union-attr]
             if (
                 self._paused
                 and self._queued_bytes < MAX_QUEUED_BYTES
@@ -431,6 +494,9 @@ class PushReceiver(Receiver):
     def wait(self) -> asyncio.Future[None]:
         if self._closed:
             raise ClosedResourceError
+        # Called at a message boundary: wake the task if a message begins and is
+        # left incomplete. Called inside a message: the comm times it already.
+        self._wake_on_partial = self._timed and self._decoder.at_message_boundary
         if not self._reading and not self._paused:
             # The callback stopped while the task, reading a large frame, was busy.
             self._reading = self._transport.start_reading(self._on_readable)
@@ -448,13 +514,20 @@ class PushReceiver(Receiver):
         self._closed = True
         self._paused = True
         self._stop_reading()
+        if self._account is not None:
+            self._account.close()
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
 
 
 def start_receiver(
-    transport: Transport, conn: Connection, backend: Backend, *, wake_on_bytes: bool = False
+    transport: Transport,
+    conn: Connection,
+    backend: Backend,
+    *,
+    wake_on_bytes: bool = False,
+    wake_on_partial: bool = False,
 ) -> Receiver:
     """The receive engine for a new comm: push where the event loop can drive the
     transport (asyncio and uvloop over a socket), pull otherwise.
@@ -462,9 +535,18 @@ def start_receiver(
     Args:
         wake_on_bytes: the comm enforces an idle timeout: a push receiver wakes
             its waiting task whenever bytes arrive, not only with whole messages.
+        wake_on_partial: the comm times messages that have begun: a push
+            receiver wakes its task waiting between messages when a message
+            begins and is left incomplete.
     """
     if backend.loop is not None and USE_PUSH:
-        push = PushReceiver.start(transport, conn, backend.loop, wake_on_bytes=wake_on_bytes)
+        push = PushReceiver.start(
+            transport,
+            conn,
+            backend.loop,
+            wake_on_bytes=wake_on_bytes,
+            wake_on_partial=wake_on_partial,
+        )
         if push is not None:
             return push
     return PullReceiver(transport, conn, on_asyncio=backend.loop is not None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 
+import anyio
 import pytest
 
 import anyio_comm
@@ -39,6 +40,10 @@ def test_concrete_classes_are_final() -> None:
     assert issubclass(anyio_comm.LocalProtocolError, anyio_comm.ProtocolError)
     assert issubclass(anyio_comm.ProtocolError, anyio_comm.CommError)
     assert issubclass(anyio_comm.SerializationError, TypeError)
+    for cls in (anyio_comm.MessageTimeoutError, anyio_comm.ReceiveBudgetError):
+        assert issubclass(cls, anyio_comm.CommError)
+        assert issubclass(cls, anyio.BrokenResourceError)
+    assert issubclass(anyio_comm.MessageTimeoutError, TimeoutError)
     with pytest.raises(TypeError, match="abstract"):
         anyio_comm.ProtocolError("x")
 

@@ -243,14 +243,19 @@ async def test_push_engine_counts_empty_frames_against_its_bound(
                 assert len(receiver._queue) <= 1
 
 
+@pytest.mark.parametrize(("message_timeout", "wakes"), [(None, 1), (60.0, 2)])
 async def test_push_engine_wakes_the_task_once_per_message(
-    anyio_backend_name: str, monkeypatch: pytest.MonkeyPatch
+    anyio_backend_name: str,
+    monkeypatch: pytest.MonkeyPatch,
+    message_timeout: float | None,
+    wakes: int,
 ) -> None:
     """A message of small frames that arrives in many pieces is decoded by the loop's
-    callback; the receiving task runs once, when it is whole."""
+    callback; the receiving task runs once, when it is whole (and once more when it
+    begins, to time it, with a message_timeout)."""
     if anyio_backend_name != "asyncio":
         pytest.skip("the push engine runs on asyncio and uvloop")
-    async with connected_pair("tcp") as (client, server):
+    async with connected_pair("tcp", message_timeout=message_timeout) as (client, server):
         waits = 0
         original = PushReceiver.wait
 
@@ -265,7 +270,7 @@ async def test_push_engine_wakes_the_task_once_per_message(
             tg.start_soon(client.send_frames, frames)
             received = await server.receive_frames()
         assert [bytes(f) for f in received] == frames
-        assert waits == 1
+        assert waits == wakes
 
 
 async def test_loop_without_add_reader_falls_back(

@@ -53,6 +53,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from ._buffer import Buffer
+    from .budget import BudgetAccount
     from .buffers import Allocator
 
 __all__ = ["Connection", "ConnectionState"]
@@ -82,6 +83,8 @@ class Connection:
             every header the peer sends.
         read_buffer_size: size of the read-ahead buffer (at least 4096).
         allocator: allocates each received frame's buffer.
+        account: the receive budget's account that large messages are reserved
+            from (see :mod:`anyio_comm._sansio.budget`); ``None``: no budget.
 
     Raises:
         ValueError: ``read_buffer_size`` is below 4096.
@@ -115,8 +118,11 @@ class Connection:
         *,
         read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
         allocator: Allocator | None = None,
+        account: BudgetAccount | None = None,
     ) -> None:
-        decoder = FrameDecoder(limits, read_buffer_size=read_buffer_size, allocator=allocator)
+        decoder = FrameDecoder(
+            limits, read_buffer_size=read_buffer_size, allocator=allocator, account=account
+        )
         self._decoder = decoder
         self.get_buffer = decoder.get_buffer
         self.buffer_updated = decoder.buffer_updated

@@ -1,0 +1,361 @@
+"""What a peer can make a listener hold: memory committed as bytes arrive, the
+listener's receive budget (backpressure, stalled holders closed), and the
+deadline of a message that has begun (plain TCP and TLS, every backend)."""
+
+from __future__ import annotations
+
+import gc
+import os
+import struct
+import tracemalloc
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import pytest
+
+import anyio_comm
+from anyio_comm import (
+    Comm,
+    Limits,
+    MessageTimeoutError,
+    ReceiveBudget,
+    ReceiveBudgetError,
+)
+from anyio_comm._sansio.budget import message_cost
+from anyio_comm._sansio.serialization import Serializer
+from anyio_comm._sansio.wire import encode_header, encode_preamble
+
+from .certs import client_context, server_context
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from anyio.abc import ByteStream
+
+pytestmark = pytest.mark.anyio
+
+MiB = 1024 * 1024
+SCHEMES = ["tcp", "tls"]
+
+
+def rss() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+@asynccontextmanager
+async def echo_listener(
+    scheme: str, **kwargs: Any
+) -> AsyncIterator[tuple[anyio_comm.Listener, list[BaseException]]]:
+    """A listener whose handler echoes messages, and how its handlers ended."""
+    ended: list[BaseException] = []
+
+    async def handler(comm: Comm) -> None:
+        try:
+            async for message in comm:
+                await comm.send(message)
+        except BaseException as exc:
+            ended.append(exc)
+            raise
+
+    if scheme == "tls":
+        kwargs["ssl_context"] = server_context()
+    async with anyio_comm.listen(f"{scheme}://127.0.0.1:0", handler, **kwargs) as listener:
+        yield listener, ended
+
+
+def wire(message: object) -> bytes:
+    """``message`` as the bytes a comm sends for it (header and frames)."""
+    frames = [bytes(frame) for frame in Serializer().dumps(message)]
+    return encode_header([len(frame) for frame in frames]) + b"".join(frames)
+
+
+async def raw_peer(listener: anyio_comm.Listener, scheme: str) -> ByteStream:
+    """A peer that speaks the wire format by hand: preamble sent, peer's read."""
+    host, port = listener.address.split("://")[1].rsplit(":", 1)
+    stream: ByteStream
+    if scheme == "tls":
+        stream = await anyio.connect_tcp(
+            host, int(port), tls=True, ssl_context=client_context(), tls_hostname="localhost"
+        )
+    else:
+        stream = await anyio.connect_tcp(host, int(port))
+    await stream.send(encode_preamble(Limits()))
+    received = b""
+    while len(received) < 32:  # the listener's preamble
+        received += await stream.receive()
+    return stream
+
+
+async def connect(listener: anyio_comm.Listener, scheme: str, **kwargs: Any) -> Comm:
+    if scheme == "tls":
+        kwargs["ssl_context"] = client_context()
+    return await anyio_comm.connect(listener.address, timeout=10, **kwargs)
+
+
+async def round_trips(listener: anyio_comm.Listener, scheme: str) -> None:
+    async with await connect(listener, scheme) as comm:
+        for i in range(20):
+            await comm.send({"i": i})
+            assert await comm.receive() == {"i": i}
+        payload = os.urandom(MiB)
+        await comm.send(payload)
+        assert bytes(await comm.receive()) == payload
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_peers_declaring_1_gib_frames_commit_no_memory(scheme: str) -> None:
+    """32 peers each declare a 1 GiB frame and send nothing more: the listener's
+    memory barely moves (RSS and tracemalloc), and a client is served."""
+    peers = 32
+    gc.collect()
+    tracemalloc.start()
+    try:
+        with anyio.fail_after(60):
+            async with echo_listener(scheme) as (listener, _ended):
+                await round_trips(listener, scheme)  # warm up
+                rss_before = rss()
+                traced_before = tracemalloc.get_traced_memory()[0]
+                streams = []
+                for _ in range(peers):
+                    stream = await raw_peer(listener, scheme)
+                    await stream.send(encode_header([2**30]) + b"x" * 1000)
+                    streams.append(stream)
+                budget = listener.receive_budget
+                assert budget is not None
+                while budget.waiting < peers - 1:  # one is admitted alone, the rest wait
+                    await anyio.sleep(0.01)
+                await round_trips(listener, scheme)
+                grown = rss() - rss_before
+                traced = tracemalloc.get_traced_memory()[0] - traced_before
+                assert grown < 48 * MiB, f"RSS grew by {grown / MiB:.1f} MiB"
+                assert traced < 24 * MiB, f"tracemalloc: {traced / MiB:.1f} MiB"
+                for stream in streams:
+                    await anyio.aclose_forcefully(stream)
+                while budget.in_use or budget.waiting:
+                    await anyio.sleep(0.01)
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_budget_backpressure_delivers_everything(scheme: str) -> None:
+    """A peer sends half of a 3 MiB message to a listener whose budget holds 4 MiB:
+    three clients' 3 MiB messages wait (their connections are not read), then
+    go through one after the other once it completes; every message arrives
+    intact and the budget never holds more than its size."""
+    budget = ReceiveBudget(4 * MiB)
+    size = 3 * MiB
+    got: dict[int, bytes] = {}
+    peak = 0
+
+    async def handler(comm: Comm) -> None:
+        nonlocal peak
+        async for message in comm:
+            peak = max(peak, budget.in_use)
+            got[message["n"]] = bytes(message["data"])
+            await comm.send("ok")
+
+    kwargs: dict[str, Any] = {"receive_budget": budget}
+    if scheme == "tls":
+        kwargs["ssl_context"] = server_context()
+    payloads = {n: os.urandom(size) for n in range(4)}
+    with anyio.fail_after(60):
+        async with anyio_comm.listen(f"{scheme}://127.0.0.1:0", handler, **kwargs) as listener:
+            slow = await raw_peer(listener, scheme)
+            data = wire({"n": 0, "data": payloads[0]})
+            await slow.send(data[: len(data) // 2])
+            while budget.in_use < size:
+                await anyio.sleep(0.01)
+
+            async def client(n: int) -> None:
+                async with await connect(listener, scheme) as comm:
+                    await comm.send({"n": n, "data": payloads[n]})
+                    assert await comm.receive() == "ok"
+
+            async with anyio.create_task_group() as tg:
+                for n in (1, 2, 3):
+                    tg.start_soon(client, n)
+                while budget.waiting < 3:
+                    await anyio.sleep(0.01)
+                assert budget.in_use <= budget.max_bytes
+                assert not got
+                await slow.send(data[len(data) // 2 :])
+            await anyio.aclose_forcefully(slow)
+    assert got == payloads
+    assert peak <= budget.max_bytes
+    assert budget.in_use == 0 and budget.waiting == 0
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_a_stalled_holder_is_closed_for_a_waiting_client(scheme: str) -> None:
+    """A peer that declares a message and stops holds the budget; once a client
+    waits for it, the stalled peer is closed after stall_timeout and the
+    client's message goes through."""
+    budget = ReceiveBudget(3 * MiB, stall_timeout=0.5)
+    with anyio.fail_after(30):
+        async with echo_listener(scheme, receive_budget=budget) as (listener, ended):
+            stream = await raw_peer(listener, scheme)
+            await stream.send(encode_header([2 * MiB]) + b"x" * 1000)
+            while budget.in_use < 2 * MiB:
+                await anyio.sleep(0.01)
+            payload = os.urandom(2 * MiB)
+            async with await connect(listener, scheme) as comm:
+                await comm.send(payload)
+                started = anyio.current_time()
+                assert bytes(await comm.receive()) == payload
+                waited = anyio.current_time() - started
+            assert 0.4 < waited < 10
+            with pytest.raises((anyio.EndOfStream, anyio.BrokenResourceError, OSError)):
+                while True:  # the stalled peer was closed
+                    await stream.receive()
+            await anyio.aclose_forcefully(stream)
+            while not ended:
+                await anyio.sleep(0.01)
+            (error,) = ended
+            assert isinstance(error, ReceiveBudgetError)
+            assert "without progress" in str(error)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_a_message_that_stops_half_way_times_out(scheme: str) -> None:
+    with anyio.fail_after(30):
+        async with echo_listener(scheme, message_timeout=0.3) as (listener, ended):
+            stream = await raw_peer(listener, scheme)
+            await stream.send(encode_header([100_000]) + b"x" * 10_000)
+            started = anyio.current_time()
+            while not ended:
+                await anyio.sleep(0.01)
+            elapsed = anyio.current_time() - started
+            (error,) = ended
+            assert isinstance(error, MessageTimeoutError)
+            assert "10012 bytes" in str(error)  # header and what arrived
+            # 0.3 s, plus 10,012 bytes at the default 64 KiB/s: 0.15 s
+            assert 0.4 < elapsed < 5
+            await anyio.aclose_forcefully(stream)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_a_trickled_message_times_out_and_a_steady_one_completes(scheme: str) -> None:
+    options = {"message_timeout": 0.5, "min_receive_rate": 20_000}
+    with anyio.fail_after(30):
+        async with echo_listener(scheme, **options) as (listener, ended):
+            # steady: 200 KB at about 100 KB/s, four times the message_timeout in all
+            stream = await raw_peer(listener, scheme)
+            data = wire(os.urandom(200_000))
+            for i in range(0, len(data), 10_000):
+                await stream.send(data[i : i + 10_000])
+                await anyio.sleep(0.1)
+            echoed = b""
+            while len(echoed) < len(data):
+                echoed += await stream.receive()
+            assert echoed == data  # echoed as it was sent
+            assert not ended
+            # trickled: 100 bytes every 0.1 s, far below 20,000 bytes/s
+            for _ in range(40):
+                if ended:
+                    break
+                try:
+                    await stream.send(encode_header([1_000_000]) if _ == 0 else b"y" * 100)
+                except (anyio.BrokenResourceError, OSError):
+                    break
+                await anyio.sleep(0.1)
+            while not ended:
+                await anyio.sleep(0.01)
+            (error,) = ended
+            assert isinstance(error, MessageTimeoutError)
+            await anyio.aclose_forcefully(stream)
+
+
+async def test_time_the_application_spends_elsewhere_does_not_count() -> None:
+    """The deadline runs only while receive() waits for the peer."""
+    outcome: list[object] = []
+    sent_first_half = anyio.Event()
+
+    async def handler(comm: Comm) -> None:
+        await sent_first_half.wait()
+        await anyio.sleep(0.6)  # busy elsewhere, far past the message_timeout
+        outcome.append(bytes(await comm.receive()))
+
+    with anyio.fail_after(30):
+        async with anyio_comm.listen(
+            "tcp://127.0.0.1:0", handler, message_timeout=0.3
+        ) as listener:
+            async with await anyio_comm.connect(listener.address) as comm:
+                raw = comm.extra(anyio.abc.SocketAttribute.raw_socket)
+                data = b"\x00" * 200_000
+                frames = [struct.pack("!I", 1) + struct.pack("!Q", len(data)), data]
+                del raw, frames
+                await comm.send(data)  # one message, sent at once: complete
+                sent_first_half.set()
+                while not outcome:
+                    await anyio.sleep(0.01)
+    assert outcome == [data]
+
+
+async def test_message_timeout_can_be_turned_off() -> None:
+    with anyio.fail_after(30):
+        async with echo_listener("tcp", message_timeout=None) as (listener, ended):
+            stream = await raw_peer(listener, "tcp")
+            data = wire(b"x" * 100_000)
+            await stream.send(data[:100])
+            await anyio.sleep(0.5)
+            await stream.send(data[100:])
+            echoed = b""
+            while len(echoed) < len(data):
+                echoed += await stream.receive()
+            assert echoed == data
+            assert not ended
+            await anyio.aclose_forcefully(stream)
+
+
+async def test_the_budget_can_be_shared_and_turned_off() -> None:
+    shared = ReceiveBudget(8 * MiB)
+    with anyio.fail_after(30):
+        async with echo_listener("tcp", receive_budget=shared) as (first, _first_ended):
+            async with echo_listener("tcp", receive_budget=shared) as (second, _second_ended):
+                assert first.receive_budget is second.receive_budget is shared
+                await round_trips(first, "tcp")
+                await round_trips(second, "tcp")
+        async with echo_listener("tcp", receive_budget=None) as (listener, _ended):
+            assert listener.receive_budget is None
+            await round_trips(listener, "tcp")
+        async with echo_listener("tcp", receive_budget=5 * MiB) as (listener, _ended):
+            assert listener.receive_budget is not None
+            assert listener.receive_budget.max_bytes == 5 * MiB
+    with pytest.raises(ValueError, match="negative"):
+        async with anyio_comm.listen("tcp://127.0.0.1:0", lambda comm: None, receive_budget=-1):
+            pass
+    assert shared.in_use == 0
+
+
+async def test_queued_messages_hold_budget_until_taken() -> None:
+    """Messages a push engine decoded ahead of the handler stay counted until
+    the handler takes them (on trio, nothing is read ahead of the handler)."""
+    budget = ReceiveBudget(64 * MiB)
+    size = MiB
+    seen: list[int] = []
+    proceed = anyio.Event()
+
+    async def handler(comm: Comm) -> None:
+        await proceed.wait()
+        async for message in comm:
+            seen.append(len(message))
+            assert budget.in_use >= 0
+
+    with anyio.fail_after(30):
+        async with anyio_comm.listen(
+            "tcp://127.0.0.1:0", handler, receive_budget=budget
+        ) as listener:
+            async with await anyio_comm.connect(listener.address) as comm:
+                for _ in range(3):
+                    await comm.send(b"m" * size)
+                await anyio.sleep(0.2)
+                assert budget.in_use <= 3 * message_cost([size, 0]) + 3 * message_cost([size])
+                proceed.set()
+                while len(seen) < 3:
+                    await anyio.sleep(0.01)
+            while budget.in_use:
+                await anyio.sleep(0.01)
+    assert seen == [size] * 3
