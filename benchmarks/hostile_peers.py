@@ -260,13 +260,14 @@ def format_table(results: list[dict[str, Any]]) -> str:
     )
 
     def figures(r: dict[str, Any]) -> list[str]:
-        return [
+        rows = [
             f"{s['peers']:>6}{_mib(s['rss']):>10}{_mib(s['growth']):>12}{_mib(s['hwm']):>10}"
             f"{_mib(s['budget_in_use']):>12}{_harness_num(s['budget_waiting']):>9}"
             f"{_harness_num(s['small_p50_ms'], '.2f'):>13}{_harness_num(s['large_ms'], '.1f'):>9}"
             f"{s['errors']:>8}"
             for s in r["steps"]
         ]
+        return rows[:1] + [" " * 19 + row for row in rows[1:]]  # under the first row
 
     return _harness.backend_table(head, results, figures)
 
