@@ -454,12 +454,11 @@ class Comm(ObjectStream[Any]):
                 )
             timeout = min(timeout, allowance)
         started = current_time()
-        with move_on_after(timeout):
+        with move_on_after(timeout) as scope:
             await receiver.wait()
-            timeout = math.inf
         if in_message:
             self._message_waited += current_time() - started
-        if timeout == idle_timeout:
+        if scope.cancelled_caught and timeout == idle_timeout:
             # Between messages the peer loses nothing: close gracefully (it sees
             # the end of the stream); inside a message, break the connection.
             await self._fail(graceful=receiver.at_message_boundary)
@@ -676,17 +675,15 @@ async def establish(
     try:
         with move_on_after(options.handshake_timeout) as scope:
             conn = await _exchange_preambles(transport, options, account)
+        if scope.cancelled_caught:
+            raise TimeoutError(
+                f"the handshake with {peer_address} took longer than "
+                f"handshake_timeout ({options.handshake_timeout:g} s)"
+            )
     except BaseException:
         if account is not None:
             account.close()
         raise
-    if scope.cancelled_caught:
-        if account is not None:
-            account.close()
-        raise TimeoutError(
-            f"the handshake with {peer_address} took longer than "
-            f"handshake_timeout ({options.handshake_timeout:g} s)"
-        )
     receiver = start_receiver(
         transport,
         conn,
