@@ -35,7 +35,14 @@ whole message at a time. Two engines do that:
   heap then grew past what the allocator keeps and was trimmed again and
   again, every page of those buffers faulting in anew: 1 MB messages over
   four connections ran at 0.4x the floor), and the pages a stalled
-  consumer's connection holds stay bounded by the queue.
+  consumer's connection holds stay bounded by the queue. The frames of a
+  message of more than 32 frames, some shorter than 64 bytes, are left to the
+  task the same way (see
+  :attr:`FrameDecoder.many_frames_due
+  <anyio_comm._sansio.decoder.FrameDecoder.many_frames_due>`): until the task
+  takes it, the decoder keeps its short frames back to back in one buffer, and
+  their frame objects (about 380 bytes each) are made for the task that wants
+  them, never queued.
 
 Both receive the same bytes into the same buffers (a large frame's own buffer,
 without copying) with the same system calls. The push engine saves the
@@ -287,6 +294,8 @@ class PushReceiver(Receiver):
         if account is not None:
             self._decoder.hold_reservations = True
             account.on_grant = self._budget_granted
+        # The frames of a many-frame message are the task's to read (see the module).
+        self._decoder.defer_many_frames = True
 
     @classmethod
     def start(
@@ -342,7 +351,7 @@ class PushReceiver(Receiver):
         drains = not transport.buffers_data
         try:
             while True:
-                if decoder.frame_buffer_due:
+                if decoder.frame_buffer_due or decoder.many_frames_due:
                     self._pulling = True  # the task reads this message (see the module)
                     break
                 if decoder.waiting_for_budget:
@@ -387,6 +396,8 @@ class PushReceiver(Receiver):
             if self._queued_bytes >= MAX_QUEUED_BYTES or len(queue) >= MAX_QUEUED_MESSAGES:
                 self._paused = True
                 return True
+        if self._decoder.many_frames_due:
+            self._pulling = True  # the task reads this message's frames (see the module)
         return False
 
     def _budget_granted(self) -> None:
@@ -419,15 +430,20 @@ class PushReceiver(Receiver):
         conn = self._conn
         transport = self._transport
         get_buffer = conn.get_buffer
-        while (frames := conn.next_message()) is None:
-            buffer = get_buffer()
-            n = transport.receive_into_nowait(buffer)
-            if n is None:
-                return None
-            if n:
-                conn.buffer_updated(n)
-            else:
-                conn.receive_eof()
+        decoder = self._decoder
+        decoder.defer_many_frames = False
+        try:
+            while (frames := conn.next_message()) is None:
+                buffer = get_buffer()
+                n = transport.receive_into_nowait(buffer)
+                if n is None:
+                    return None
+                if n:
+                    conn.buffer_updated(n)
+                else:
+                    conn.receive_eof()
+        finally:
+            decoder.defer_many_frames = True
         self._pulling = False
         cost = _cost(frames)
         if cost >= self._budget_min:
@@ -443,7 +459,7 @@ class PushReceiver(Receiver):
         except Exception as exc:
             self._set_end(exc)
         else:
-            self._pulling = self._decoder.frame_buffer_due
+            self._pulling = self._pulling or decoder.frame_buffer_due
         return frames
 
     def _set_end(self, exc: Exception) -> None:

@@ -9,6 +9,10 @@ send a valid preamble and then, per ``--scenario``:
 * ``declare``: one message header declaring a single frame of ``--declare``
   bytes (1 GiB by default) and 1,000 bytes of it, then nothing (they hold the
   connection open);
+* ``frames``: the header of one message of ``--frames`` frames (16,384, the
+  default limit), all empty but the last, which is declared 1,000 bytes long
+  and never sent: 128 KiB each, which as frame objects would cost the server
+  about 6 MB (it holds them as bytes until the message is taken);
 * ``idle``: nothing after the preamble.
 
 They are opened in steps (``--peers``, cumulative counts); after each step
@@ -25,6 +29,7 @@ Run from the repository root::
 
     python -m benchmarks.hostile_peers                          # declare, 0-256 peers, tcp
     python -m benchmarks.hostile_peers --transport tls --backend uvloop
+    python -m benchmarks.hostile_peers --scenario frames --peers 0,16,64
     python -m benchmarks.hostile_peers --scenario idle --peers 0,1000
     python -m benchmarks.hostile_peers --unprotected --peers 0,1,4   # the old behaviour
 """
@@ -43,7 +48,7 @@ import anyio
 import anyio.to_thread
 
 import anyio_comm
-from anyio_comm._sansio.wire import encode_preamble
+from anyio_comm._sansio.wire import encode_header, encode_preamble
 
 from . import _harness
 from ._harness import (
@@ -63,7 +68,7 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
 TRANSPORTS = ("tcp", "tls")
-SCENARIOS = ("declare", "idle")
+SCENARIOS = ("declare", "frames", "idle")
 TLS_VERSION = "1.3"
 SETTLE = 1.0  # seconds between opening a step's peers and measuring
 STEP_TIMEOUT = 120.0  # seconds for one step (opening peers and the round trips)
@@ -81,6 +86,7 @@ class Case:
     scenario: str
     peers: tuple[int, ...]
     declare: int
+    frames: int
     round_trips: int
     unprotected: bool
 
@@ -160,6 +166,8 @@ async def _client(
     first = encode_preamble(anyio_comm.Limits())
     if case.scenario == "declare":
         first += struct.pack("!IQ", 1, case.declare) + b"\0" * 1000
+    elif case.scenario == "frames":
+        first += encode_header([0] * (case.frames - 1) + [1000])
     options: dict[str, Any] = {"ssl_context": ssl_context} if ssl_context is not None else {}
     small, large = b"x" * 1000, os.urandom(2**20)
     limiter = anyio.CapacityLimiter(100)  # connects in flight, under the listen backlog
@@ -285,19 +293,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--peers",
         type=csv_list(None, int),
         default=None,
-        help="cumulative peer counts to measure at (default: 0,16,64,256 for declare, "
-        "0,1000 for idle)",
+        help="cumulative peer counts to measure at (default: 0,16,64,256 for declare and "
+        "frames, 0,1000 for idle)",
     )
     add("--declare", type=_harness.parse_size, default=2**30, help="frame declared (1GiB)")
+    add(
+        "--frames",
+        type=_harness.positive_int,
+        default=anyio_comm.Limits().max_frames,
+        help="frames of the frames scenario's message (default: the limit, 16384)",
+    )
     add("--round-trips", type=_harness.positive_int, default=50, help="1 KB ones (default: 50)")
     add("--unprotected", action="store_true", help="no budget, frames committed at their header")
     _harness.add_backend_options(parser, TRANSPORTS)
     _harness.add_output_options(parser)
     args = parser.parse_args(argv)
     if args.peers is None:
-        args.peers = [0, 16, 64, 256] if args.scenario == "declare" else [0, 1000]
+        args.peers = [0, 1000] if args.scenario == "idle" else [0, 16, 64, 256]
     if sorted(args.peers) != args.peers or not args.peers or args.peers[0] < 0:
         parser.error("--peers must be increasing counts from 0 up")
+    if args.frames > anyio_comm.Limits().max_frames:
+        parser.error(f"--frames: at most the default limit, {anyio_comm.Limits().max_frames}")
     if args.peers[-1] > 5000:
         parser.error("--peers: at most 5000")
     unprotected_total = args.peers[-1] * args.declare
@@ -317,11 +333,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     run = _harness.start_run("hostile_peers", "hostile-peers memory benchmark", argv, args.no_pin)
     mode = "unprotected (no budget, eager frames)" if args.unprotected else "default options"
-    what = (
-        f"each declaring a {args.declare:,}-byte frame"
-        if args.scenario == "declare"
-        else "idle after the preamble"
-    )
+    what = {
+        "declare": f"each declaring a {args.declare:,}-byte frame",
+        "frames": f"each sending the header of a message of {args.frames:,} frames",
+        "idle": "idle after the preamble",
+    }[args.scenario]
     print(f"{args.transport}, {mode}; peers {what}", flush=True)
     cases = [
         Case(
@@ -330,6 +346,7 @@ def main(argv: list[str] | None = None) -> int:
             args.scenario,
             tuple(args.peers),
             args.declare,
+            args.frames,
             args.round_trips,
             args.unprotected,
         )

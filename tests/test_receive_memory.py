@@ -139,6 +139,67 @@ async def test_peers_declaring_1_gib_frames_commit_no_memory(scheme: str) -> Non
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
+async def test_peers_sending_many_empty_frames_make_no_frame_objects(scheme: str) -> None:
+    """8 peers each send the header of a message of 16,384 frames, all empty but
+    the last, of which they send nothing (128 KiB each). As frame objects that would
+    be 6 MB a peer; the listener holds at most 8 times what they sent, plus what
+    a connection costs anyway (its read-ahead buffer, the comm; 256 KiB here).
+    A client is served meanwhile, and a legitimate message of that shape arrives
+    whole."""
+    peers, count = 8, 16_384
+    header = encode_header([0] * (count - 1) + [100])
+    frames = [b""] * (count - 1) + [os.urandom(100)]
+
+    async def handler(comm: Comm) -> None:
+        async for message in comm:
+            await comm.send(message)
+
+    async def echo_frames(comm: Comm) -> None:
+        received = await comm.receive_frames()
+        await comm.send_frames(received)
+
+    kwargs: dict[str, Any] = {}
+    if scheme == "tls":
+        kwargs["ssl_context"] = server_context()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        with anyio.fail_after(60):
+            async with (
+                anyio_comm.listen(f"{scheme}://127.0.0.1:0", handler, **kwargs) as listener,
+                anyio_comm.listen(
+                    f"{scheme}://127.0.0.1:0", echo_frames, **kwargs
+                ) as frames_listener,
+            ):
+                await round_trips(listener, scheme)  # warm up
+                traced_before = tracemalloc.get_traced_memory()[0]
+                streams = []
+                for _ in range(peers):
+                    stream = await raw_peer(listener, scheme)
+                    await stream.send(header)
+                    streams.append(stream)
+                budget = listener.receive_budget
+                assert budget is not None
+                while budget.in_use < peers * message_cost([0] * (count - 1) + [100]):
+                    await anyio.sleep(0.01)
+                await anyio.sleep(0.2)  # let the handlers read what came
+                traced = tracemalloc.get_traced_memory()[0] - traced_before
+                sent = peers * len(header)
+                assert traced < 8 * sent + peers * 256 * 1024, (
+                    f"tracemalloc: {traced / MiB:.1f} MiB for {sent / MiB:.1f} MiB sent"
+                )
+                tracemalloc.stop()  # (it makes allocations ten times slower)
+                await round_trips(listener, scheme)
+                async with await connect(frames_listener, scheme) as comm:
+                    await comm.send_frames(frames)
+                    assert [bytes(f) for f in await comm.receive_frames()] == frames
+                for stream in streams:
+                    await anyio.aclose_forcefully(stream)
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
 async def test_budget_backpressure_delivers_everything(scheme: str) -> None:
     """A peer sends half of a 3 MiB message to a listener whose budget holds 4 MiB:
     three clients' 3 MiB messages wait (their connections are not read), then

@@ -59,8 +59,10 @@ __all__ = [
 DEFAULT_RECEIVE_BUDGET: Final = 256 * 1024 * 1024
 #: seconds a connection may hold budget without progress while others wait, by default
 DEFAULT_STALL_TIMEOUT: Final = 30.0
-#: what a received frame costs beside its bytes (a buffer object and a memoryview),
-#: so that messages of many empty frames count for what they hold
+#: what a frame counts for beside its bytes, so that messages of many empty frames
+#: count: while a message is received its short frames take no more than their bytes,
+#: and a frame object (a buffer and a memoryview, about 380 bytes) is made when the
+#: message is complete (a queued message has at most 32 frames; see the decoder)
 FRAME_COST: Final = 256
 
 

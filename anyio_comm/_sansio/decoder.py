@@ -33,8 +33,22 @@ message: the frame count before the length table is read, and every frame
 length and their sum before the first frame buffer exists. The only
 allocations driven by the peer are the length table (``8 * max_frames`` bytes
 at most), the frame buffers (``max_frame_size`` each, ``max_message_size``
-together) and a buffer object plus a memoryview per frame (about 400 bytes
-each: 16384 empty frames hold about 6.4 MB).
+together) and a buffer object plus a memoryview per frame (about 380 bytes
+beside the frame's bytes).
+
+Many frames: a frame object per frame would let a peer make the receiver hold
+about 48 times what it sent (16384 empty frames are 128 KiB on the wire and
+6.2 MB as frame objects). So a *many-frame message*, one of more than
+``SMALL_COUNT`` (32) frames of which some are shorter than :data:`PACK_BELOW`
+bytes, is received in state PACKED: those short frames go back to back into
+one buffer and get their own buffer and memoryview only when the message is
+complete, and with :attr:`FrameDecoder.defer_many_frames` set (the push engine
+does) its frames are not read before the task that takes the message asks for
+it. (A frame of at least PACK_BELOW bytes holds less than 8 times what it takes
+on the wire, as a frame object of its own.) While a message is received, the
+decoder holds at most 8 times the bytes of it that arrived (its header and its
+frames), plus the read-ahead buffer; a message of at most 32 frames holds at
+most 32 frame objects (12 KiB) beside its bytes.
 
 The decoder completes at most one message per :meth:`next_message` call and
 keeps no queue of decoded messages, so the bytes it holds are bounded by the
@@ -81,6 +95,12 @@ __all__ = ["DEFAULT_READ_BUFFER_SIZE", "EndOfData", "FrameDecoder"]
 
 DEFAULT_READ_BUFFER_SIZE: Final = 64 * 1024
 MIN_READ_BUFFER_SIZE: Final = 4096
+#: in a message of more than SMALL_COUNT frames, frames shorter than this wait
+#: back to back in one buffer until the message is complete, if there are any
+#: (a many-frame message: see the module; a frame of its own
+#: costs about 380 bytes beside its bytes: below this length that is more than
+#: 8 times what the frame takes on the wire)
+PACK_BELOW: Final = 64
 
 
 def check_read_buffer_size(read_buffer_size: int) -> None:
@@ -109,6 +129,7 @@ class _State(enum.Enum):
     COUNT = "frame count"
     LENGTHS = "frame lengths"
     FRAME = "frame"
+    PACKED = "frames of a many-frame message"
     ENDED = "ended"  # an error or the end of the stream was raised: see _stop
 
 
@@ -118,6 +139,7 @@ _PREAMBLE: Final = _State.PREAMBLE
 _COUNT: Final = _State.COUNT
 _LENGTHS: Final = _State.LENGTHS
 _FRAME: Final = _State.FRAME
+_PACKED: Final = _State.PACKED
 _ENDED: Final = _State.ENDED
 
 
@@ -157,16 +179,20 @@ class FrameDecoder:
         "_fast_max",
         "_filled",
         "_frames",
+        "_index",
         "_lengths",
         "_limits",
         "_reserved",
+        "_small",
         "_start",
         "_state",
         "_target",
         "_view",
         "budget_min",
+        "defer_many_frames",
         "frame_buffer_due",
         "hold_reservations",
+        "many_frames_due",
         "waiting_for_budget",
     )
 
@@ -207,6 +233,22 @@ class FrameDecoder:
         self._filled = 0
         self._lengths: tuple[int, ...] = ()
         self._frames: list[memoryview] = []
+        # A many-frame message (state PACKED: see the module) keeps the bytes
+        # of its frames shorter than PACK_BELOW back to back in _small, and only
+        # its longer frames in _frames, until it is complete; _index: its frames
+        # taken so far.
+        self._small = bytearray()
+        self._index = 0
+        #: True: :meth:`next_message` leaves the frames of a many-frame message
+        #: (see the module) to be read later: it stops after their header and sets
+        #: :attr:`many_frames_due`, until this is False again (a callback-driven
+        #: reader leaves them to the task that takes the message, so that their
+        #: frame objects exist only once they are wanted)
+        self.defer_many_frames = False
+        #: a message's many frames wait for a :meth:`next_message` call with
+        #: :attr:`defer_many_frames` False (the read-ahead buffer may be full of
+        #: them: do not call :meth:`get_buffer` before)
+        self.many_frames_due = False
         #: the next :meth:`get_buffer` allocates a frame's buffer (the frame is not
         #: whole in the read-ahead buffer and its rest will be read directly into it)
         self.frame_buffer_due = False
@@ -249,7 +291,12 @@ class FrameDecoder:
         state = self._state
         if state is _COUNT or state is _PREAMBLE or state is _ENDED:
             return self._end - self._start
-        received = self._end - self._start + self._filled
+        received = self._end - self._start
+        if state is _PACKED:
+            received += 4 + 8 * len(self._lengths) + len(self._small)
+            received += sum(map(len, self._frames))
+            return received + (self._filled if self._target is not None else 0)
+        received += self._filled
         if state is _FRAME:
             received += 4 + 8 * len(self._lengths) + sum(map(len, self._frames))
         return received
@@ -486,6 +533,8 @@ class FrameDecoder:
                     self._state = _LENGTHS
                 state = self._state
                 continue
+            if state is _PACKED:
+                return self._fill_packed()
 
             target = self._target
             if target is None:
@@ -537,8 +586,8 @@ class FrameDecoder:
         """Allocate the buffer of the frame :attr:`frame_buffer_due` announced and
         move the part of it in the read-ahead buffer there (all of that buffer's
         bytes: they are this frame's, and more of it is missing)."""
-        length = self._lengths[len(self._frames)]
-        target = self._target = allocate(self._allocator, length)
+        index = self._index if self._state is _PACKED else len(self._frames)
+        target = self._target = allocate(self._allocator, self._lengths[index])
         self.frame_buffer_due = False
         start = self._start
         taken = self._end - start
@@ -566,7 +615,11 @@ class FrameDecoder:
         self._lengths = lengths
         self._frames = []
         self._target = None
-        self._state = _FRAME
+        self._filled = 0
+        # (a frame of PACK_BELOW bytes or more holds less than 8 times what it takes
+        # on the wire: a message of none but such frames needs no packing)
+        packed = len(lengths) > SMALL_COUNT and min(lengths) < PACK_BELOW
+        self._state = _PACKED if packed else _FRAME
         account = self._account
         if account is not None:
             cost = total + FRAME_COST * len(lengths)
@@ -574,6 +627,101 @@ class FrameDecoder:
                 self._reserved = cost
                 if not account.reserve(cost):
                     self.waiting_for_budget = True
+
+    def _fill_packed(self) -> list[memoryview] | None:
+        """Take the frames of a many-frame message (state PACKED): those shorter than
+        PACK_BELOW into ``_small``, the others into buffers of their own."""
+        if self.defer_many_frames:
+            self.many_frames_due = True
+            return None
+        self.many_frames_due = False
+        lengths = self._lengths
+        count = len(lengths)
+        view = self._view
+        small = self._small
+        frames = self._frames
+        while True:
+            target = self._target
+            if target is not None:
+                missing = target.nbytes - self._filled
+                if missing:
+                    start = self._start
+                    take = min(self._end - start, missing)
+                    if take:
+                        filled = self._filled
+                        target[filled : filled + take] = view[start : start + take]
+                        self._filled = filled + take
+                        self._start = start + take
+                    if take < missing:
+                        self._check_eof("a message")
+                        return None
+                frames.append(target)
+                self._target = None
+                self._filled = 0
+                self._index += 1
+            index = self._index
+            if index == count:
+                return self._finish_packed()
+            length = lengths[index]
+            start = self._start
+            avail = self._end - start
+            if length < PACK_BELOW:
+                # _filled: the bytes of this frame already in _small
+                end = start + length - self._filled
+                stop = self._end
+                if end > stop:
+                    small += view[start:stop]
+                    self._filled += avail
+                    self._start = stop
+                    self._check_eof("a message")
+                    return None
+                # the short frames after it that are here: their bytes follow its
+                index += 1
+                while index < count:
+                    length = lengths[index]
+                    if length >= PACK_BELOW or end + length > stop:
+                        break
+                    end += length
+                    index += 1
+                if end > start:
+                    small += view[start:end]
+                self._start = end
+                self._filled = 0
+                self._index = index
+            elif self._fast_alloc and avail >= length:
+                frames.append(memoryview(bytearray(view[start : start + length])))
+                self._start = start + length
+                self._index = index + 1
+            elif length - avail >= self._direct_threshold:
+                self._check_eof("a message")
+                self.frame_buffer_due = True
+                return None
+            else:
+                self._target = allocate(self._allocator, length)
+
+    def _finish_packed(self) -> list[memoryview]:
+        """Give every frame of the complete many-frame message a buffer of its own."""
+        small = self._small
+        own = iter(self._frames)
+        frames = []
+        position = 0
+        fast = self._fast_alloc
+        for length in self._lengths:
+            if length < PACK_BELOW:
+                end = position + length
+                if fast:
+                    frames.append(memoryview(small[position:end]))
+                else:
+                    buffer = allocate(self._allocator, length)
+                    buffer[:] = small[position:end]
+                    frames.append(buffer)
+                position = end
+            else:
+                frames.append(next(own))
+        self._small = bytearray()
+        self._index = 0
+        self._frames = frames
+        return self._finish_message()
 
     def _finish_message(self) -> list[memoryview]:
         if self._reserved:
@@ -602,8 +750,10 @@ class FrameDecoder:
             self._reserved = 0
             self.waiting_for_budget = False
         self._target = None
-        self.frame_buffer_due = False
+        self.frame_buffer_due = self.many_frames_due = False
         self._frames = []
+        self._small = bytearray()
+        self._index = 0
         self._start = self._end = 0
 
     def _raise_again(self) -> NoReturn:

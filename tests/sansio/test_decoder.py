@@ -356,3 +356,168 @@ def test_whole_many_frame_message_gets_one_buffer_per_frame(count: int) -> None:
     second = decoder.next_message()
     assert second is not None and [bytes(f) for f in second] == [b"next"]
     assert decoder.next_message() is None
+
+
+# -- many frames: what a peer's bytes make the decoder hold ---------------------
+
+
+def _held_while_received(decoder: FrameDecoder, data: bytes) -> int:
+    """Feed ``data`` in read-sized pieces; return the most the decoder held
+    (traced growth, the bytes passed in excluded) while no message was taken."""
+    import gc
+    import tracemalloc
+
+    gc.collect()
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        view = memoryview(data)
+        while view:
+            decoder.feed(view[:4096])
+            view = view[4096:]
+            assert decoder.next_message() is None
+        return tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+
+
+@pytest.mark.parametrize("count", [33, 1000, 16_384])
+@pytest.mark.parametrize("size", [0, 1, 31, 63, 64, 200])
+def test_a_message_being_received_holds_at_most_8x_its_bytes(count: int, size: int) -> None:
+    """The default limits allow 16,384 frames: as frame objects (about 380 bytes
+    each) a peer's empty frames would cost 48 times their 8 bytes of header. Until
+    the message is complete, short frames wait back to back: whatever the frame
+    sizes, the decoder holds at most 8 times what arrived, plus one read-ahead
+    buffer's worth (a frame shorter than a quarter of it gets its buffer when it
+    starts)."""
+    decoder = FrameDecoder(read_buffer_size=4096)
+    decoder.feed(PREAMBLE)
+    decoder.next_handshake()
+    # the last frame is declared and never sent: the message stays incomplete
+    header = encode_header([size] * (count - 1) + [1000])
+    data = header + bytes([7]) * (size * (count - 1))
+    held = _held_while_received(decoder, data)
+    assert held <= 8 * len(data) + 4096, (held, len(data))
+    assert decoder.received_in_message == len(data)
+
+
+@pytest.mark.parametrize("sizes", [(0,), (1,), (63,), (0, 200), (63, 64, 1000)])
+def test_a_deferred_message_holds_at_most_8x_its_bytes_until_taken(
+    sizes: tuple[int, ...],
+) -> None:
+    """With defer_many_frames (the push engine), a complete many-frame message is not
+    made into frame objects until the consumer takes it."""
+    count = 16_384
+    decoder = FrameDecoder()
+    decoder.feed(PREAMBLE)
+    decoder.next_handshake()
+    decoder.defer_many_frames = True
+    frames = [bytes([i % 256]) * sizes[i % len(sizes)] for i in range(count)]
+    data = encode(frames)
+    held = 0
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        base = tracemalloc.get_traced_memory()[0]
+        view = memoryview(data)
+        while view:
+            if decoder.many_frames_due:
+                decoder.defer_many_frames = False
+                assert decoder.next_message() is None  # the consumer reads on
+                decoder.defer_many_frames = True
+            decoder.feed(view[:65536])
+            view = view[65536:]
+            assert decoder.next_message() is None
+        held = tracemalloc.get_traced_memory()[1] - base
+    finally:
+        tracemalloc.stop()
+    assert held <= 8 * len(data) + 65536, (held, len(data))
+    assert decoder.many_frames_due
+    decoder.defer_many_frames = False
+    message = decoder.next_message()
+    assert message is not None and [bytes(f) for f in message] == frames
+    assert not decoder.many_frames_due and decoder.at_message_boundary
+
+
+def test_frames_of_64_bytes_and_more_are_not_deferred() -> None:
+    """Such frames hold less than 8 times their bytes as frame objects: a message of
+    none but them is decoded at once (the push engine's callback takes it whole)."""
+    decoder = FrameDecoder()
+    decoder.feed(PREAMBLE)
+    decoder.next_handshake()
+    decoder.defer_many_frames = True
+    frames = [bytes([i]) * 64 for i in range(40)]
+    decoder.feed(encode(frames))
+    assert [bytes(f) for f in decoder.next_message() or []] == frames
+    assert not decoder.many_frames_due
+
+
+def test_deferred_frames_are_not_read_until_asked_for() -> None:
+    decoder = FrameDecoder()
+    decoder.feed(PREAMBLE)
+    decoder.next_handshake()
+    decoder.defer_many_frames = True
+    frames = [b"ab"] * 40
+    decoder.feed(encode(frames, [b"after"]))
+    assert decoder.next_message() is None and decoder.many_frames_due
+    assert decoder.next_message() is None  # still deferred
+    decoder.defer_many_frames = False
+    assert [bytes(f) for f in decoder.next_message() or []] == frames
+    decoder.defer_many_frames = True
+    assert [bytes(f) for f in decoder.next_message() or []] == [b"after"]  # few frames
+
+
+def test_end_of_stream_while_many_frames_are_deferred() -> None:
+    decoder = FrameDecoder()
+    decoder.feed(PREAMBLE)
+    decoder.next_handshake()
+    decoder.defer_many_frames = True
+    decoder.feed(encode_header([1] * 40) + b"x" * 10)
+    decoder.receive_eof()
+    assert decoder.next_message() is None and decoder.many_frames_due
+    decoder.defer_many_frames = False
+    with pytest.raises(EndOfData) as info:
+        decoder.next_message()
+    assert info.value.truncated
+    assert not decoder.many_frames_due
+
+
+# frames of every kind in one many-frame message: packed (< 64 bytes), copied
+# whole, filled across reads, and read directly into their buffer (>= 1024 here)
+MIXED = [bytes([i % 256]) * n for i, n in enumerate([0, 1, 63, 64, 65, 5000, 0, 700] * 6)]
+
+
+@pytest.mark.parametrize("split", [1, 7, 64, 1000, 4096, 100_000])
+def test_many_frame_message_in_pieces(split: int) -> None:
+    c = Collector(read_buffer_size=4096)
+    stream = PREAMBLE + encode(MIXED, [b"next"], MIXED)
+    for i in range(0, len(stream), split):
+        c.feed(stream[i : i + split])
+    assert c.messages == [MIXED, [b"next"], MIXED]
+
+
+def test_many_frame_message_frames_have_their_own_buffers() -> None:
+    sizes: list[int] = []
+
+    def allocator(n: int) -> bytearray:
+        sizes.append(n)
+        return bytearray(n)
+
+    for kwargs in ({}, {"allocator": allocator}):
+        decoder = FrameDecoder(read_buffer_size=4096, **kwargs)  # type: ignore[arg-type]
+        decoder.feed(PREAMBLE)
+        decoder.next_handshake()
+        stream = memoryview(encode(MIXED))
+        message = None
+        while message is None:
+            buffer = decoder.get_buffer()
+            n = min(len(buffer), len(stream))
+            buffer[:n] = stream[:n]
+            stream = stream[n:]
+            decoder.buffer_updated(n)
+            message = decoder.next_message()
+        assert [bytes(f) for f in message] == MIXED
+        assert len({id(f.obj) for f in message}) == len(MIXED)
+        assert all(len(f.obj) == len(f) and not f.readonly for f in message)  # type: ignore[arg-type]
+    assert sorted(sizes) == sorted(len(f) for f in MIXED)
