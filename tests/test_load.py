@@ -20,6 +20,7 @@ from anyio.abc import SocketAttribute
 
 import anyio_comm
 from anyio_comm import Comm
+from benchmarks.backpressure import read_memory, reset_peak_rss
 
 from .conftest import HAVE_UNIX
 from .helpers import connected_pair, listen_address, open_fds, running_tasks
@@ -59,28 +60,6 @@ def _tracing() -> Iterator[None]:
             tracemalloc.stop()
 
 
-def _status_bytes(field: str) -> int | None:
-    """A ``/proc/self/status`` memory field (``VmRSS``, ``VmHWM``) in bytes (Linux)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
-
-
-def _reset_rss_peak() -> bool:
-    """Reset the process's resident-memory high-water mark; False where it cannot."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
-            fh.write("5")
-    except OSError:
-        return False
-    return True
-
-
 class _Peak:
     """Traced memory at the start of a :func:`_traced_peak` block and its peak during
     it; ``rss_grown``: how far resident memory rose above its level at the start
@@ -98,10 +77,10 @@ def _traced_peak() -> Iterator[_Peak]:
     with _asyncio_debug_off():
         tracemalloc.reset_peak()
         measured.baseline, _ = tracemalloc.get_traced_memory()
-        rss_before = _status_bytes("VmRSS") if _reset_rss_peak() else None
+        rss_before = read_memory()["rss"] if reset_peak_rss() else None
         yield measured
         _, measured.peak = tracemalloc.get_traced_memory()
-        rss_peak = _status_bytes("VmHWM")
+        rss_peak = read_memory()["hwm"]
         if rss_before is not None and rss_peak is not None:
             measured.rss_grown = rss_peak - rss_before
 

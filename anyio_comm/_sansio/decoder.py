@@ -558,19 +558,8 @@ class FrameDecoder:
                 target = self._target = allocate(self._allocator, length)
                 self._filled = 0
 
-            missing = target.nbytes - self._filled
-            if missing:
-                start = self._start
-                take = min(self._end - start, missing)
-                if take:
-                    filled = self._filled
-                    target[filled : filled + take] = view[start : start + take]
-                    self._filled = filled + take
-                    self._start = start + take
-                if take < missing:
-                    self._check_eof("a message")
-                    return None
-
+            if target.nbytes != self._filled and not self._fill(target):
+                return None
             self._target = None
             if state is _LENGTHS:
                 self._begin_frames(unpack_lengths(target, 0, target.nbytes // 8))
@@ -581,6 +570,26 @@ class FrameDecoder:
             self._frames.append(target)
             if len(self._frames) == len(self._lengths):
                 return self._finish_message()
+
+    def _fill(self, target: memoryview) -> bool:
+        """Move what the read-ahead buffer holds of ``target`` (the length table or a
+        frame, partly filled) into it; return whether it is full.
+
+        Raises:
+            EndOfData: it is not, and the stream ended.
+        """
+        start = self._start
+        filled = self._filled
+        missing = target.nbytes - filled
+        take = min(self._end - start, missing)
+        if take:
+            target[filled : filled + take] = self._view[start : start + take]
+            self._filled = filled + take
+            self._start = start + take
+        if take < missing:
+            self._check_eof("a message")
+            return False
+        return True
 
     def _start_frame(self) -> memoryview:
         """Allocate the buffer of the frame :attr:`frame_buffer_due` announced and
@@ -643,18 +652,8 @@ class FrameDecoder:
         while True:
             target = self._target
             if target is not None:
-                missing = target.nbytes - self._filled
-                if missing:
-                    start = self._start
-                    take = min(self._end - start, missing)
-                    if take:
-                        filled = self._filled
-                        target[filled : filled + take] = view[start : start + take]
-                        self._filled = filled + take
-                        self._start = start + take
-                    if take < missing:
-                        self._check_eof("a message")
-                        return None
+                if target.nbytes != self._filled and not self._fill(target):
+                    return None
                 frames.append(target)
                 self._target = None
                 self._filled = 0
