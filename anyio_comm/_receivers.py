@@ -288,14 +288,10 @@ class PushReceiver(Receiver):
         self._pulling = False
         self._closed = False
         # Messages costing at least _budget_min hold a reservation of the budget
-        # until the task takes them (the decoder keeps them past completion).
+        # until the task takes them (the decoder keeps them past completion: see
+        # start, which tells it once this engine is the one that runs).
         account = self._account = self._decoder.account
         self._budget_min = self._decoder.budget_min if account is not None else 1 << 64
-        if account is not None:
-            self._decoder.hold_reservations = True
-            account.on_grant = self._budget_granted
-        # The frames of a many-frame message are the task's to read (see the module).
-        self._decoder.defer_many_frames = True
 
     @classmethod
     def start(
@@ -313,8 +309,14 @@ class PushReceiver(Receiver):
             transport, conn, loop, wake_on_bytes=wake_on_bytes, wake_on_partial=wake_on_partial
         )
         if not transport.start_reading(receiver._on_readable):
-            return None
+            return None  # (the decoder is left as the pull engine wants it)
         receiver._reading = True
+        decoder = receiver._decoder
+        if receiver._account is not None:
+            decoder.hold_reservations = True
+            receiver._account.on_grant = receiver._budget_granted
+        # The frames of a many-frame message are the task's to read (see the module).
+        decoder.defer_many_frames = True
         receiver._resume()  # bytes that came with the peer's preamble
         return receiver
 

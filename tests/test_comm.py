@@ -17,6 +17,7 @@ from anyio import (
 from anyio.abc import SocketAttribute
 
 from anyio_comm import (
+    Comm,
     CommAttribute,
     Limits,
     LocalProtocolError,
@@ -66,6 +67,28 @@ async def test_frames_layer(kind: str) -> None:
         assert all(isinstance(f, memoryview) and not f.readonly for f in received)
         await client.send_frames([])
         assert await server.receive_frames() == []
+
+
+@pytest.mark.parametrize("count", [33, 16_384])
+async def test_many_frame_messages(kind: str, count: int) -> None:
+    """Messages of more than 32 frames, some shorter than 64 bytes (kept back to back
+    until they are taken), in both directions, under and over the read-ahead buffer."""
+    frames = [bytes([i % 251]) * (i % 70) for i in range(count)]
+    async with connected_pair(kind) as (client, server):
+        for sender, receiver in ((client, server), (server, client)):
+
+            async def send(sender: Comm = sender) -> None:
+                await sender.send_frames(frames)
+                await sender.send_frames([b"after"])
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(send)
+                with anyio.fail_after(10):
+                    received = await receiver.receive_frames()
+                    after = await receiver.receive_frames()
+            assert [bytes(f) for f in received] == frames
+            assert all(not f.readonly for f in received)
+            assert [bytes(f) for f in after] == [b"after"]
 
 
 async def test_many_small_messages_in_order(kind: str) -> None:

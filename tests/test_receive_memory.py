@@ -26,6 +26,7 @@ from anyio_comm._sansio.serialization import Serializer
 from anyio_comm._sansio.wire import encode_header, encode_preamble
 
 from .certs import client_context, server_context
+from .helpers import ADDRESS_TRANSPORTS, listen_address
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -197,6 +198,31 @@ async def test_peers_sending_many_empty_frames_make_no_frame_objects(scheme: str
                     await anyio.aclose_forcefully(stream)
     finally:
         tracemalloc.stop()
+
+
+@pytest.mark.parametrize("kind", ADDRESS_TRANSPORTS)
+async def test_taken_messages_give_their_budget_back_on_every_transport(kind: str) -> None:
+    """Whichever engine a connection gets (the push engine over sockets on asyncio,
+    the pull engine over inproc:// and on trio), every message's reservation is
+    released when it is taken, many-frame messages included."""
+    budget = ReceiveBudget(16 * MiB)
+    payloads = [os.urandom(200_000), [os.urandom(100) for _ in range(2000)]]
+
+    async def handler(comm: Comm) -> None:
+        async for message in comm:
+            await comm.send(budget.in_use)
+            del message
+
+    with anyio.fail_after(20):
+        async with (
+            listen_address(kind) as address,
+            anyio_comm.listen(address, handler, receive_budget=budget) as listener,
+            await anyio_comm.connect(listener.address, timeout=10) as comm,
+        ):
+            for payload in payloads * 3:
+                await comm.send(payload)
+                assert await comm.receive() == 0
+    assert budget.in_use == 0 and budget.waiting == 0
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)

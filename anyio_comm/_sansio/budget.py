@@ -62,7 +62,8 @@ DEFAULT_STALL_TIMEOUT: Final = 30.0
 #: what a frame counts for beside its bytes, so that messages of many empty frames
 #: count: while a message is received its short frames take no more than their bytes,
 #: and a frame object (a buffer and a memoryview, about 380 bytes) is made when the
-#: message is complete (a queued message has at most 32 frames; see the decoder)
+#: message is complete (a queued message has at most 32 frames shorter than 64
+#: bytes, and a longer frame's object is less than 8 times its bytes: see the decoder)
 FRAME_COST: Final = 256
 
 

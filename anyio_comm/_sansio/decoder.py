@@ -296,9 +296,11 @@ class FrameDecoder:
             received += 4 + 8 * len(self._lengths) + len(self._small)
             received += sum(map(len, self._frames))
             return received + (self._filled if self._target is not None else 0)
-        received += self._filled
+        received += self._filled  # of the length table, or of the frame being filled
         if state is _FRAME:
             received += 4 + 8 * len(self._lengths) + sum(map(len, self._frames))
+        else:  # LENGTHS: the count came before the table
+            received += 4
         return received
 
     @property
@@ -561,6 +563,7 @@ class FrameDecoder:
             if target.nbytes != self._filled and not self._fill(target):
                 return None
             self._target = None
+            self._filled = 0
             if state is _LENGTHS:
                 self._begin_frames(unpack_lengths(target, 0, target.nbytes // 8))
                 if self.waiting_for_budget:

@@ -521,3 +521,23 @@ def test_many_frame_message_frames_have_their_own_buffers() -> None:
         assert len({id(f.obj) for f in message}) == len(MIXED)
         assert all(len(f.obj) == len(f) and not f.readonly for f in message)  # type: ignore[arg-type]
     assert sorted(sizes) == sorted(len(f) for f in MIXED)
+
+
+@pytest.mark.parametrize("lengths", [[2000, 2000], [3000, 10, 3000], [1] * 40 + [2000] * 3])
+@pytest.mark.parametrize("step", [1, 7, 500, 4096])
+def test_received_in_message_counts_what_arrived(lengths: list[int], step: int) -> None:
+    """The message deadline's allowance grows with this count: it is exactly the
+    bytes of the message that arrived, whatever the frame being filled."""
+    decoder = FrameDecoder(read_buffer_size=4096)
+    decoder.feed(PREAMBLE)
+    decoder.next_handshake()
+    data = encode([bytes(n) for n in lengths])
+    fed = 0
+    while fed < len(data) - step:
+        buffer = decoder.get_buffer()
+        n = min(step, len(buffer), len(data) - fed - 1)
+        buffer[:n] = data[fed : fed + n]
+        decoder.buffer_updated(n)
+        fed += n
+        assert decoder.next_message() is None
+        assert decoder.received_in_message == fed
