@@ -60,6 +60,7 @@ from ._harness import (
     run_backend,
     server_context,
 )
+from .backpressure import read_memory
 from .many_connections import FD_MARGIN, raise_fd_limit
 
 if TYPE_CHECKING:
@@ -91,14 +92,6 @@ class Case:
     unprotected: bool
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith(field + ":"):
-                return int(line.split()[1]) * 1024
-    return 0
-
-
 # -- server ---------------------------------------------------------------------
 
 
@@ -126,8 +119,7 @@ async def _server(
                 budget = listener.receive_budget
                 conn.send(
                     {
-                        "rss": _status("VmRSS"),
-                        "hwm": _status("VmHWM"),
+                        **read_memory(),
                         "budget_in_use": budget.in_use if budget else None,
                         "budget_waiting": budget.waiting if budget else None,
                         "connections": listener.active_connections,

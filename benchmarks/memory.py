@@ -44,6 +44,7 @@ import anyio_comm
 from . import _harness
 from ._harness import STARTUP_TIMEOUT, ProcessPair, TLSFiles, client_context, run_backend
 from ._harness import server_context as tls_server_context
+from .backpressure import read_memory, reset_peak_rss
 
 if TYPE_CHECKING:
     import argparse
@@ -85,27 +86,6 @@ def pattern(size: int) -> bytearray:
     return data
 
 
-def _status_bytes(field: str) -> int:
-    """A ``/proc/self/status`` memory field (``VmRSS``, ``VmHWM``) in bytes; 0 elsewhere."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def _reset_rss_peak() -> None:
-    """Reset the process's RSS high-water mark (Linux; nothing elsewhere)."""
-    try:
-        with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
-            fh.write("5")
-    except OSError:
-        pass
-
-
 class Traced:
     """The peak of traced memory, and of resident memory, above their levels
     before the ``with`` block; ``peak`` is the larger of the two."""
@@ -115,15 +95,15 @@ class Traced:
             tracemalloc.start()
         tracemalloc.reset_peak()
         self.baseline = tracemalloc.get_traced_memory()[0]
-        _reset_rss_peak()
-        self.rss_baseline = _status_bytes("VmRSS")
+        reset_peak_rss()
+        self.rss_baseline = read_memory()["rss"] or 0
         self.start = time.perf_counter()
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.seconds = time.perf_counter() - self.start
         self.traced_peak = tracemalloc.get_traced_memory()[1] - self.baseline
-        self.rss_peak = max(0, _status_bytes("VmHWM") - self.rss_baseline)
+        self.rss_peak = max(0, (read_memory()["hwm"] or 0) - self.rss_baseline)
         self.peak = max(self.traced_peak, self.rss_peak)
 
 
