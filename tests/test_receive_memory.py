@@ -148,12 +148,9 @@ async def test_peers_sending_many_empty_frames_make_no_frame_objects(scheme: str
     A client is served meanwhile, and a legitimate message of that shape arrives
     whole."""
     peers, count = 8, 16_384
-    header = encode_header([0] * (count - 1) + [100])
+    lengths = [0] * (count - 1) + [100]
+    header = encode_header(lengths)
     frames = [b""] * (count - 1) + [os.urandom(100)]
-
-    async def handler(comm: Comm) -> None:
-        async for message in comm:
-            await comm.send(message)
 
     async def echo_frames(comm: Comm) -> None:
         received = await comm.receive_frames()
@@ -167,7 +164,7 @@ async def test_peers_sending_many_empty_frames_make_no_frame_objects(scheme: str
     try:
         with anyio.fail_after(60):
             async with (
-                anyio_comm.listen(f"{scheme}://127.0.0.1:0", handler, **kwargs) as listener,
+                echo_listener(scheme) as (listener, _ended),
                 anyio_comm.listen(
                     f"{scheme}://127.0.0.1:0", echo_frames, **kwargs
                 ) as frames_listener,
@@ -181,7 +178,7 @@ async def test_peers_sending_many_empty_frames_make_no_frame_objects(scheme: str
                     streams.append(stream)
                 budget = listener.receive_budget
                 assert budget is not None
-                while budget.in_use < peers * message_cost([0] * (count - 1) + [100]):
+                while budget.in_use < peers * message_cost(lengths):
                     await anyio.sleep(0.01)
                 await anyio.sleep(0.2)  # let the handlers read what came
                 traced = tracemalloc.get_traced_memory()[0] - traced_before
