@@ -8,7 +8,13 @@ import ssl
 from dataclasses import dataclass
 from typing import Any, Final
 
-__all__ = ["Address", "check_tls_options", "format_socket_address", "parse_address"]
+__all__ = [
+    "Address",
+    "check_connectable",
+    "check_tls_options",
+    "format_socket_address",
+    "parse_address",
+]
 
 SCHEMES: Final = ("tcp", "tls", "unix", "inproc")
 
@@ -19,7 +25,8 @@ class Address:
 
     Attributes:
         scheme: ``"tcp"``, ``"tls"``, ``"unix"`` or ``"inproc"``.
-        host: TCP/TLS host (without IPv6 brackets), else ``""``.
+        host: TCP/TLS host (without IPv6 brackets), else ``""``. Empty in a
+            TCP/TLS address to listen on every interface (``tcp://:8786``).
         port: TCP/TLS port, else 0.
         path: Unix socket path or inproc name, else ``""``.
     """
@@ -44,6 +51,10 @@ def format_tcp(host: str, port: int, scheme: str = "tcp") -> str:
 
 def parse_address(address: str) -> Address:
     """Parse an address string.
+
+    A ``tcp://`` or ``tls://`` address may leave the host empty
+    (``tcp://:8786``): every interface, for a listener (see
+    :func:`check_connectable`).
 
     Raises:
         ValueError: unknown scheme or malformed address (the message names
@@ -91,11 +102,25 @@ def parse_address(address: str) -> Address:
             raise ValueError(
                 f"malformed address {address!r}: IPv6 hosts need brackets, tcp://[::1]:port"
             )
-    if not host or any(c in host for c in "/?#@ "):
+    if any(c in host for c in "/?#@ "):
         raise ValueError(f"malformed address {address!r}: bad host {host!r}")
     if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
         raise ValueError(f"malformed address {address!r}: bad port {port_text!r}")
     return Address(scheme, host=host, port=int(port_text))
+
+
+def check_connectable(address: Address) -> None:
+    """Check that ``address`` names one peer to connect to.
+
+    Raises:
+        ValueError: a ``tcp://`` or ``tls://`` address without a host (every
+            interface: only a listener can use that).
+    """
+    if address.scheme in ("tcp", "tls") and not address.host:
+        raise ValueError(
+            f"malformed address {str(address)!r}: no host to connect to (an empty "
+            "host means every interface, for listening only)"
+        )
 
 
 def check_tls_options(address: Address, ssl_context: ssl.SSLContext | None) -> None:

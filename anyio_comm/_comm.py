@@ -281,6 +281,21 @@ class Comm(ObjectStream[Any]):
         return self._state is not _State.OPEN
 
     @property
+    def receive_ended(self) -> bool:
+        """True when :meth:`receive` can return no more messages: the peer closed
+        the connection or sent EOF (or the connection failed, or this comm was
+        closed), and every message that came before was received.
+
+        Over a socket on asyncio and uvloop, the event loop reads while no task
+        receives, so the peer's close is seen here as soon as it arrives, on an
+        idle comm too (a pool can drop connections its peer closed before
+        handing them out; messages not yet received keep it False). On trio, and
+        over ``inproc://`` and :func:`~anyio_comm.from_stream` streams, only a
+        :meth:`receive` reads: it turns True once a receive reached the end.
+        """
+        return self._state is not _OPEN or self._receiver.ended
+
+    @property
     def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
         return {
             **self._transport.extra_attributes,

@@ -14,7 +14,13 @@ import anyio
 from anyio import BrokenResourceError, aclose_forcefully, wait_writable
 from anyio.abc import SocketAttribute
 
-from ._addressing import Address, check_tls_options, format_socket_address, parse_address
+from ._addressing import (
+    Address,
+    check_connectable,
+    check_tls_options,
+    format_socket_address,
+    parse_address,
+)
 from ._comm import Comm, establish
 from ._inproc import connect_inproc
 from ._options import Options, OptionsKeywords, check_seconds, resolve_options
@@ -106,7 +112,10 @@ async def resolve_tcp(host: str, port: int, *, passive: bool = False) -> list[tu
         ip = None
     if ip is None or "%" in host:  # names, and IPv6 literals with a scope
         return await anyio.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE if passive else 0
+            host or None,  # "": every interface (with passive)
+            port,
+            type=socket.SOCK_STREAM,
+            flags=socket.AI_PASSIVE if passive else 0,
         )
     if ip.version == 6:
         return [(socket.AF_INET6, socket.SOCK_STREAM, socket.IPPROTO_TCP, "", (host, port, 0, 0))]
@@ -227,6 +236,7 @@ async def connect(
         anyio.BrokenResourceError: the connection failed during the handshake.
     """
     parsed = parse_address(address)
+    check_connectable(parsed)
     check_tls_options(parsed, ssl_context)
     check_seconds("timeout", timeout)
     resolved = resolve_options("connect", options, keywords)

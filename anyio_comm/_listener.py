@@ -160,6 +160,12 @@ class Listener:
         still in their handshake complete it, and every handler keeps running
         until it returns; leaving the :func:`listen` block (or cancelling
         :func:`serve`) still cancels them. Idempotent.
+
+        Synchronous, and callable outside a task (from a callback of the event
+        loop, in its thread): the listening sockets may then close only when
+        the accept loop has stopped, within a pass of the event loop (a
+        connection that reached the backlog meanwhile is reset), while
+        ``unix://`` files and ``inproc://`` names are freed at once.
         """
         self._server.stop_accepting()
 
@@ -280,10 +286,15 @@ class _Server:
         self.stopped = Event()
 
     async def accept_loops(self, sockets: list[socket.socket]) -> None:
-        with self.accept_scope:
-            async with anyio.create_task_group() as task_group:
-                for sock in sockets:
-                    task_group.start_soon(self.accept_loop, sock)
+        try:
+            with self.accept_scope:
+                async with anyio.create_task_group() as task_group:
+                    for sock in sockets:
+                        task_group.start_soon(self.accept_loop, sock)
+        finally:
+            if self.accepting_stopped:
+                # stop_accepting() called outside a task left the sockets to us
+                self.close_listening()
 
     async def accept_loop(self, sock: socket.socket) -> None:
         limiter = self.limiter
@@ -425,17 +436,32 @@ class _Server:
             await self.stopped.wait()
 
 
-def _close_listening(sockets: list[socket.socket], unix_path: str | None, inode: int) -> None:
+def _close_sockets(sockets: list[socket.socket]) -> None:
+    """Close the listening sockets that are still open.
+
+    Outside a task (a loop callback), the accept loop's wait on a socket cannot
+    be told that it closes (``notify_closing`` needs a task), and closing it
+    under that wait would let the loop drop the registration of whatever socket
+    gets the descriptor next: such sockets are left open here, and the accept
+    loop closes them as it stops (its scope is cancelled already).
+    """
     for sock in sockets:
         if sock.fileno() >= 0:
-            notify_closing(sock)
+            try:
+                notify_closing(sock)
+            except RuntimeError:  # outside a task: see above
+                continue
             sock.close()
-    if unix_path is not None:
-        try:
-            if os.stat(unix_path).st_ino == inode:
-                os.unlink(unix_path)
-        except OSError:
-            pass
+
+
+def _remove_socket_file(path: str, inode: int) -> None:
+    """Remove a ``unix://`` listener's socket file, unless another listener's
+    socket took its place."""
+    try:
+        if os.stat(path).st_ino == inode:
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 @asynccontextmanager
@@ -460,8 +486,9 @@ async def listen(
 
     Args:
         address: ``tcp://host:port`` (port 0 picks a free port; a host name may
-            bind several addresses), ``tls://host:port``, ``unix:///path`` or
-            ``inproc://name`` (``inproc://`` alone picks a fresh name).
+            bind several addresses; an empty host, ``tcp://:port``, binds every
+            interface), ``tls://host:port``, ``unix:///path`` or ``inproc://name``
+            (``inproc://`` alone picks a fresh name).
         handler: ``async def handler(comm: Comm)``.
         options: per-connection options (:class:`~anyio_comm.Options`), or any
             of its fields as keywords. For a listener: a new connection that
@@ -522,17 +549,19 @@ async def listen(
     inproc_name: str | None = None
     body_error: Exception | None = None
 
-    closed = False
+    freed = False
 
     def close_listening() -> None:
-        # Once: after stop_accepting(), another listener may take the address.
-        nonlocal closed
-        if closed:
-            return
-        closed = True
-        if inproc_name is not None:
-            unregister(inproc_name, server.start_inproc_connection)
-        _close_listening(sockets, unix_path, inode)
+        # The address is freed once: after stop_accepting(), another listener
+        # may take it. Sockets left open outside a task are closed on a later call.
+        nonlocal freed
+        if not freed:
+            freed = True
+            if inproc_name is not None:
+                unregister(inproc_name, server.start_inproc_connection)
+            if unix_path is not None:
+                _remove_socket_file(unix_path, inode)
+        _close_sockets(sockets)
 
     try:
         # Bind before the task group exists, so errors are raised as they are.

@@ -118,6 +118,12 @@ class Receiver(metaclass=ABCMeta):
     def at_message_boundary(self) -> bool:
         """True when no part of a message is buffered or waiting to be taken."""
 
+    @property
+    @abstractmethod
+    def ended(self) -> bool:
+        """True when :meth:`receive_nowait` can return no more messages: the
+        stream's end (or a failure) was seen, and every message before it taken."""
+
     @abstractmethod
     def receive_nowait(self) -> list[memoryview] | None:
         """Return the next message's frames, or ``None`` when none is complete.
@@ -167,6 +173,12 @@ class PullReceiver(Receiver):
     @property
     def at_message_boundary(self) -> bool:
         return self._decoder.at_message_boundary
+
+    @property
+    def ended(self) -> bool:
+        # The decoder reports the end once every message before it was taken;
+        # only the receiving task reads (nothing does between its calls).
+        return self._decoder.end_error is not None
 
     def receive_nowait(self) -> list[memoryview] | None:
         conn = self._conn
@@ -323,6 +335,10 @@ class PushReceiver(Receiver):
     @property
     def at_message_boundary(self) -> bool:
         return not self._queue and self._decoder.at_message_boundary
+
+    @property
+    def ended(self) -> bool:
+        return (self._end is not None or self._closed) and not self._queue
 
     def _on_readable(self) -> None:
         """The event loop's callback: receive and decode until the socket is

@@ -14,13 +14,14 @@ import pytest
 
 import anyio_comm
 from anyio_comm import Comm
+from anyio_comm._backend import current_backend
 from anyio_comm.testing import comm_pair
 
 from .certs import client_context, server_context
 from .conftest import HAVE_IPV6, HAVE_UNIX
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
 
 #: every way to get a connected pair of comms
 TRANSPORTS = [
@@ -115,6 +116,16 @@ async def connected_pair(kind: str, **options: Any) -> AsyncIterator[tuple[Comm,
                     yield client, server
             finally:
                 done.set()
+
+
+def call_soon_outside_any_task(callback: Callable[[], object]) -> None:
+    """Schedule ``callback`` as an event loop callback (no task is current there)."""
+    backend = current_backend()
+    if backend.trio is not None:
+        backend.trio.current_trio_token().run_sync_soon(callback)
+    else:
+        assert backend.loop is not None
+        backend.loop.call_soon(callback)
 
 
 def open_fds() -> int:

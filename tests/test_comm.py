@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-from typing import TYPE_CHECKING
 
 import anyio
 import pytest
@@ -24,12 +23,9 @@ from anyio_comm import (
     RemoteProtocolError,
     SerializationError,
 )
-from anyio_comm._backend import current_backend
+from anyio_comm._receivers import PushReceiver
 
-from .helpers import TRANSPORTS, connected_pair
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
+from .helpers import TRANSPORTS, call_soon_outside_any_task, connected_pair
 
 pytestmark = pytest.mark.parametrize("kind", TRANSPORTS)
 
@@ -130,6 +126,56 @@ async def test_peer_close_is_end_of_stream(kind: str) -> None:
             await server.receive()
 
 
+def pushes(comm: Comm) -> bool:
+    """The event loop reads for ``comm`` (asyncio or uvloop, over a socket)."""
+    return isinstance(comm._receiver, PushReceiver)
+
+
+async def wait_for_receive_ended(comm: Comm) -> None:
+    with anyio.fail_after(10):
+        while not comm.receive_ended:
+            await anyio.sleep(0.005)
+
+
+async def test_receive_ended_on_an_idle_comm(kind: str) -> None:
+    """The peer's close is seen on a comm nobody receives from where the event loop
+    reads; elsewhere once a receive reached it. Not before the messages sent before it."""
+    async with connected_pair(kind) as (client, server):
+        assert not client.receive_ended and not server.receive_ended
+        await client.send("a")
+        assert await server.receive() == "a"
+        await client.send("b")
+        await client.aclose()
+        assert client.receive_ended  # closed by us
+        await anyio.sleep(0.05)  # time for the end to arrive
+        assert not server.receive_ended  # "b" is still to be received
+        assert await server.receive() == "b"
+        if pushes(server):
+            await wait_for_receive_ended(server)
+        else:
+            await anyio.sleep(0.05)
+            assert not server.receive_ended
+            with pytest.raises(EndOfStream):
+                await server.receive()
+        assert server.receive_ended
+        assert not server.closed  # the end of the peer's stream closes nothing here
+        with pytest.raises(EndOfStream):
+            await server.receive()
+
+
+async def test_receive_ended_after_the_peer_aborts(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        await client.send("x")
+        assert await server.receive() == "x"
+        client.abort()
+        await client.aclose()  # (closes a from_stream stream, which abort() cannot)
+        if pushes(server):
+            await wait_for_receive_ended(server)
+        with anyio.fail_after(10), pytest.raises((EndOfStream, BrokenResourceError)):
+            await server.receive()
+        assert server.receive_ended
+
+
 async def test_operations_after_close(kind: str) -> None:
     async with connected_pair(kind) as (client, _server):
         await client.aclose()
@@ -202,16 +248,6 @@ async def test_abort_is_synchronous_and_wakes_both_directions(kind: str) -> None
         with anyio.fail_after(10), pytest.raises((EndOfStream, BrokenResourceError)):
             while True:  # the peer sees the connection end (a reset over TCP)
                 await server.receive_frames()
-
-
-def call_soon_outside_any_task(callback: Callable[[], object]) -> None:
-    """Schedule ``callback`` as an event loop callback (no task is current there)."""
-    backend = current_backend()
-    if backend.trio is not None:
-        backend.trio.current_trio_token().run_sync_soon(callback)
-    else:
-        assert backend.loop is not None
-        backend.loop.call_soon(callback)
 
 
 async def test_abort_outside_any_task_wakes_a_blocked_receive(kind: str) -> None:

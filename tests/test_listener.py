@@ -14,7 +14,8 @@ import anyio_comm
 from anyio_comm import Comm, RemoteProtocolError
 from anyio_comm._sansio.wire import Limits, encode_header, encode_preamble
 
-from .conftest import HAVE_UNIX
+from .certs import client_context, server_context
+from .conftest import HAVE_IPV6, HAVE_UNIX
 from .helpers import ADDRESS_TRANSPORTS, connected_pair, listen_address, open_fds, running_tasks
 
 
@@ -222,7 +223,6 @@ async def test_exception_in_listen_body_propagates() -> None:
     "address",
     [
         "tcp://127.0.0.1",
-        "tcp://:80",
         "tcp://host:99999",
         "tcp://::1:80",
         "tcp://[nothost]:1",
@@ -241,6 +241,33 @@ async def test_malformed_addresses(address: str) -> None:
     with pytest.raises(ValueError, match=r"address|scheme"):
         async with anyio_comm.listen(address, echo):
             pass
+
+
+@pytest.mark.parametrize("scheme", ["tcp", "tls"])
+async def test_an_empty_host_listens_on_every_interface(scheme: str) -> None:
+    """``tcp://:port`` binds every interface (IPv4 and, where there is one, IPv6);
+    a client cannot connect to an empty host."""
+    server_options, client_options = {}, {}
+    if scheme == "tls":
+        server_options = {"ssl_context": server_context()}
+        client_options = {"ssl_context": client_context()}
+    async with anyio_comm.listen(f"{scheme}://:0", echo, **server_options) as listener:
+        port = listener.address.rpartition(":")[2]
+        expected = [f"{scheme}://0.0.0.0:{port}"]
+        if HAVE_IPV6:
+            expected.append(f"{scheme}://[::]:{port}")
+        assert sorted(listener.addresses) == sorted(expected)
+        for host in ["127.0.0.1", "[::1]"] if HAVE_IPV6 else ["127.0.0.1"]:
+            address = f"{scheme}://{host}:{port}"
+            async with await anyio_comm.connect(
+                address, timeout=10, server_hostname="localhost", **client_options
+            ) as comm:
+                await comm.send(host)
+                with anyio.fail_after(10):
+                    assert await comm.receive() == host
+        with pytest.raises(ValueError, match="no host to connect to") as info:
+            await anyio_comm.connect(f"{scheme}://:{port}", **client_options)
+        assert f"{scheme}://:{port}" in str(info.value)
 
 
 async def test_invalid_options_fail_at_call_site() -> None:

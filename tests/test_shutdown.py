@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import socket
 import ssl
@@ -16,7 +17,13 @@ from anyio_comm import Comm, IdleTimeoutError
 from anyio_comm._sansio.wire import Limits, encode_header, encode_preamble
 
 from .certs import client_context, server_context
-from .helpers import ADDRESS_TRANSPORTS, listen_address, open_fds, running_tasks
+from .helpers import (
+    ADDRESS_TRANSPORTS,
+    call_soon_outside_any_task,
+    listen_address,
+    open_fds,
+    running_tasks,
+)
 
 KINDS = [*ADDRESS_TRANSPORTS, "tls1.3"]
 
@@ -365,6 +372,48 @@ async def test_a_new_listener_takes_the_address_after_stop_accepting(kind: str) 
                         await b.send("new")
                         with anyio.fail_after(10):
                             assert await b.receive() == "new"
+
+
+def notify_closing_in_tasks_only(sock: socket.socket) -> None:
+    """``anyio.notify_closing`` as AnyIO releases that ask sniffio for the event
+    loop have it: on asyncio, it fails outside a task."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass  # trio: sniffio knows it in every callback of its thread
+    else:
+        if asyncio.current_task() is None:
+            raise RuntimeError("no task")
+    anyio.notify_closing(sock)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_stop_accepting_outside_any_task(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """stop_accepting() from an event loop callback (as a framework's synchronous
+    stop calls it): newcomers are refused soon after, established comms go on."""
+    monkeypatch.setattr("anyio_comm._listener.notify_closing", notify_closing_in_tasks_only)
+    server_options, client_options = tls_options(kind)
+    async with listen_address(kind) as address:
+        async with anyio_comm.listen(address, echo_handler, **server_options) as listener:
+            async with await anyio_comm.connect(
+                listener.address, timeout=10, **client_options
+            ) as a:
+                call_soon_outside_any_task(listener.stop_accepting)
+                await wait_until(lambda: not listener.accepting, "stopped")
+                with anyio.fail_after(10):
+                    while True:  # the listening socket closes within a pass of the loop
+                        try:
+                            late = await anyio_comm.connect(
+                                listener.address, timeout=5, **client_options
+                            )
+                        except refused_errors():
+                            break
+                        await late.aclose()
+                        await anyio.sleep(0.01)
+                await a.send("still here")
+                with anyio.fail_after(10):
+                    assert await a.receive() == "still here"
+                assert listener.active_connections == 1
 
 
 @pytest.mark.parametrize("kind", KINDS)
