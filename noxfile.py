@@ -1,4 +1,5 @@
-"""Sessions: ``nox`` runs tests (Python 3.10-3.13), tests_asyncio_only, lint, typecheck, docs.
+"""Sessions: ``nox`` runs tests (Python 3.10-3.13), tests_asyncio_only, tests_dask, lint,
+typecheck, docs.
 
 A Python version that is not installed is skipped, unless the environment variable ``CI``
 is set to ``true`` (as CI and ``.ci/run`` do): then every version of the matrix must run.
@@ -14,14 +15,18 @@ import nox
 
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 
-nox.options.sessions = ["tests", "tests_asyncio_only", "lint", "typecheck", "docs"]
+nox.options.sessions = ["tests", "tests_asyncio_only", "tests_dask", "lint", "typecheck", "docs"]
+#: the distributed release the dask backend is tested against
+DISTRIBUTED = "distributed==2026.8.0"
 nox.options.reuse_existing_virtualenvs = False
 #: CI must run the whole matrix; locally a missing interpreter is reported and skipped
 nox.options.error_on_missing_interpreters = os.environ.get("CI", "").lower() in ("1", "true")
 
 
-def tests_impl(session: nox.Session, extras: str, *pytest_args: str) -> None:
-    session.install(f".[{extras}]")
+def run_pytest(
+    session: nox.Session, extras: str, *pytest_args: str, packages: tuple[str, ...] = ()
+) -> None:
+    session.install(f".[{extras}]", *packages)
     session.run(
         "python",
         "-X",
@@ -39,7 +44,7 @@ def tests_impl(session: nox.Session, extras: str, *pytest_args: str) -> None:
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """The whole suite on asyncio, asyncio+uvloop and trio."""
-    tests_impl(session, "test")
+    run_pytest(session, "test")
 
 
 @nox.session(python="3.11")
@@ -47,6 +52,20 @@ def tests_asyncio_only(session: nox.Session) -> None:
     """Without the optional trio and uvloop extras: the core must not need them."""
     session.install(".", "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "trustme>=1.1")
     session.run("python", "-m", "pytest", "-p", "no:cacheprovider", "-q", *session.posargs)
+
+
+@nox.session(python="3.11")
+def tests_dask(session: nox.Session) -> None:
+    """The dask backend (anyio_comm.dask) against a pinned distributed: dask's comm
+    contract and a LocalCluster of worker processes. A regular (not editable) install,
+    as users get: the workers find the backend through its entry points."""
+    run_pytest(
+        session,
+        "dask,test",
+        "tests/test_dask.py",
+        "tests/test_dask_cluster.py",
+        packages=(DISTRIBUTED, "numpy"),
+    )
 
 
 @nox.session(python="3.11")

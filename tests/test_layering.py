@@ -37,7 +37,10 @@ def test_transports_do_not_know_the_codec(path: Path) -> None:
 def test_no_orphan_tasks_anywhere() -> None:
     for path in PACKAGE.rglob("*.py"):
         text = path.read_text()
-        assert "create_task(" not in text, path
+        # dask's listeners outlive the call that starts them: the dask backend's
+        # listener runs anyio-comm's in a task of its own (see AnyioTCPListener).
+        if path != PACKAGE / "dask.py":
+            assert "create_task(" not in text, path
         assert "ensure_future" not in text, path
         # The bench server's --gil-hold mode runs a GIL-holding thread on purpose: that
         # thread is what it measures (the GIL convoy effect on the event loop).

@@ -1,0 +1,75 @@
+"""A real dask cluster on anyio-comm: a scheduler and two Nanny-spawned worker
+processes, which find the ``anyio+tcp`` / ``anyio+tls`` backends through their entry
+points alone. Loopback only (``host="127.0.0.1"``), no dashboard.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import TYPE_CHECKING
+
+import pytest
+
+pytest.importorskip("distributed")
+np = pytest.importorskip("numpy")
+
+import dask  # noqa: E402
+import dask.array as da  # noqa: E402
+from distributed import Client, LocalCluster, Security  # noqa: E402
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture(scope="module", params=["anyio+tcp", "anyio+tls"])
+def client(request: pytest.FixtureRequest) -> Iterator[Client]:
+    scheme = request.param
+    security = Security.temporary() if scheme == "anyio+tls" else None
+    with (
+        dask.config.set({"distributed.comm.timeouts.connect": "30s"}),
+        LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            protocol=scheme,
+            host="127.0.0.1",
+            dashboard_address=None,
+            security=security,
+            memory_limit="2GiB",
+        ) as cluster,
+        Client(cluster, security=security) as client,
+    ):
+        yield client
+
+
+def test_every_address_uses_the_scheme(client: Client) -> None:
+    scheme = client.scheduler.address.partition("://")[0]
+    assert scheme in ("anyio+tcp", "anyio+tls")
+    workers = client.scheduler_info()["workers"]
+    assert len(workers) == 2
+    for address in workers:
+        assert address.startswith(f"{scheme}://127.0.0.1:")
+    # each worker process runs on the backend too (its own comms to the scheduler)
+    comms = client.run(
+        lambda dask_worker: type(dask_worker.batched_stream.comm).__module__  # type: ignore[attr-defined]
+    )
+    assert set(comms.values()) == {"anyio_comm.dask"}
+
+
+def test_array_computation_moves_data_between_workers(client: Client) -> None:
+    array = da.random.default_rng(0).random((4000, 4000), chunks=(500, 500))
+    total, plain = client.compute([(array + array.T).sum(), array.sum()], sync=True)
+    assert np.isclose(total, 2 * plain)  # (x + x.T).sum() is twice x.sum()
+    # data moved worker to worker (a chunk of x.T and its chunk of x are on either)
+    moved = client.run(lambda dask_worker: dask_worker.transfer_outgoing_count_total)
+    assert sum(moved.values()) > 0
+    assert client.compute(array[:3, :3], sync=True).shape == (3, 3)
+
+
+def test_many_tiny_tasks(client: Client) -> None:
+    futures = client.map(operator.add, range(2000), range(2000))
+    total = client.submit(sum, futures)
+    assert total.result(timeout=120) == 2 * sum(range(2000))
+    assert client.gather(futures[:5]) == [0, 2, 4, 6, 8]
