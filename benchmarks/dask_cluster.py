@@ -1,0 +1,249 @@
+"""dask.distributed on anyio-comm: dask's own ``tcp://`` / ``tls://`` against
+``anyio+tcp://`` / ``anyio+tls://``, the same workloads on one cluster per scheme,
+interleaved.
+
+    python -m benchmarks.dask_cluster                           # all four schemes, 3 repeats
+    python -m benchmarks.dask_cluster --schemes tcp,anyio+tcp --repeat 5 --json dask.json
+    python -m benchmarks.dask_cluster --workloads tiny --tiny-tasks 2000 --repeat 1
+
+Each scheme gets a ``LocalCluster`` of two worker processes (one thread each, no
+memory limit, no dashboard, ``host="127.0.0.1"``); the TLS schemes share one
+``Security.temporary()``. Every cluster is started first; then, repeat by repeat,
+each workload runs on each cluster in turn (the order of the schemes alternates
+between repeats), so slow drifts of the machine hit every scheme alike.
+
+Workloads:
+
+* ``transfer``: worker B computes on ``--transfer-arrays`` arrays (of
+  ``--transfer-mb`` MB in all) that worker A holds, so they travel worker to worker
+  (each in a message of its own: dask's ``transfer.message-bytes-limit`` is below
+  their size); the figure is the bytes moved per second, from the submit to the
+  result. The arrays are made on A (not timed) and released after each repeat.
+* ``array``: ``(x + x.T).sum()`` of ``da.random.random((--array-n, --array-n),
+  chunks=--array-chunk)``, its chunks generated on both workers, so the transposed
+  chunks travel between them; seconds per computation.
+* ``tiny``: ``client.map`` of ``--tiny-tasks`` tasks that add two ints, then
+  ``gather``: the scheduler's message rate; tasks per second.
+
+Pinning (``--no-pin`` turns it off): this process (the client and the scheduler) and
+worker A on the first CPU, worker B on the second; every thread of each process.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+from ._harness import argument_parser, csv_list, positive_int, start_run, versions, write_json
+
+SCHEMES = ("tcp", "anyio+tcp", "tls", "anyio+tls")
+WORKLOADS = ("transfer", "array", "tiny")
+#: each anyio-comm scheme against dask's own
+BASELINE = {"anyio+tcp": "tcp", "anyio+tls": "tls"}
+
+
+def pin_process(cpu: int) -> None:
+    """Pin every thread of the calling process (and the threads they start) to ``cpu``."""
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), {cpu})
+        except OSError:  # (a thread that just ended)
+            pass
+
+
+def make_array(seed: int, nbytes: int) -> Any:
+    import numpy as np
+
+    return np.random.default_rng(seed).integers(0, 255, nbytes, dtype="u1")
+
+
+def total_nbytes(*arrays: Any) -> int:
+    return sum(a.nbytes for a in arrays)
+
+
+def add(a: int, b: int) -> int:
+    return a + b
+
+
+class Cluster:
+    """A LocalCluster on one scheme, its client, and its two workers (A, B)."""
+
+    def __init__(self, scheme: str, security: Any, cpus: tuple[int, int] | None) -> None:
+        from distributed import Client, LocalCluster
+
+        self.scheme = scheme
+        tls = scheme.endswith("tls")
+        self.cluster = LocalCluster(
+            n_workers=2,
+            threads_per_worker=1,
+            processes=True,
+            protocol=scheme,
+            host="127.0.0.1",
+            dashboard_address=None,
+            security=security if tls else None,
+            memory_limit=0,
+            silence_logs=logging.ERROR,
+        )
+        self.client = Client(self.cluster, security=security if tls else None)
+        self.client.wait_for_workers(2, timeout=60)
+        self.a, self.b = sorted(self.client.scheduler_info()["workers"])
+        if cpus is not None:
+            self.client.run(pin_process, cpus[0], workers=[self.a])
+            self.client.run(pin_process, cpus[1], workers=[self.b])
+
+    def close(self) -> None:
+        self.client.close()
+        self.cluster.close()
+
+    def transfer(self, total_mb: int, arrays: int, seed: int) -> float:
+        """Bytes per second moved from worker A to worker B."""
+        from distributed import wait
+
+        client = self.client
+        each = total_mb * 1_000_000 // arrays
+        held = [
+            client.submit(make_array, seed + i, each, workers=[self.a], pure=False)
+            for i in range(arrays)
+        ]
+        wait(held, timeout=120)
+        started = time.perf_counter()
+        result = client.submit(total_nbytes, *held, workers=[self.b], pure=False)
+        moved = result.result(timeout=300)
+        elapsed = time.perf_counter() - started
+        assert moved == each * arrays, moved
+        del held, result
+        return moved / elapsed
+
+    def array(self, n: int, chunk: int, seed: int) -> float:
+        """Seconds for (x + x.T).sum()."""
+        import dask.array as da
+
+        x = da.random.default_rng(seed).random((n, n), chunks=(chunk, chunk))
+        started = time.perf_counter()
+        total = self.client.compute((x + x.T).sum(), sync=True)
+        elapsed = time.perf_counter() - started
+        assert 0.9 * n * n < total < 1.1 * n * n, total  # the mean of x + x.T is 1
+        return elapsed
+
+    def tiny(self, tasks: int) -> float:
+        """Tasks per second."""
+        client = self.client
+        started = time.perf_counter()
+        futures = client.map(add, range(tasks), range(tasks), pure=False)
+        results = client.gather(futures)
+        elapsed = time.perf_counter() - started
+        assert results[-1] == 2 * (tasks - 1)
+        del futures
+        return tasks / elapsed
+
+
+def summary(values: list[float]) -> str:
+    if len(values) == 1:
+        return f"{values[0]:.3g}"
+    return f"{statistics.median(values):.3g} ({min(values):.3g}-{max(values):.3g})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argument_parser("dask_cluster", __doc__)
+    add = parser.add_argument
+    add("--schemes", type=csv_list(SCHEMES), default=list(SCHEMES), help="default: all four")
+    add("--workloads", type=csv_list(WORKLOADS), default=list(WORKLOADS), help="default: all")
+    add("--repeat", type=positive_int, default=3, help="repeats of every workload (default 3)")
+    add("--transfer-mb", type=positive_int, default=1000, help="MB moved per transfer (1000)")
+    add("--transfer-arrays", type=positive_int, default=4, help="arrays they are in (4)")
+    add("--array-n", type=positive_int, default=20000, help="x is n x n (20000)")
+    add("--array-chunk", type=positive_int, default=2000, help="chunks of chunk x chunk (2000)")
+    add("--tiny-tasks", type=positive_int, default=10000, help="tiny tasks (10000)")
+    add("--no-pin", action="store_true", help="do not pin the processes to CPUs")
+    add("--json", metavar="PATH", help="also write the results and metadata as JSON")
+    args = parser.parse_args(argv)
+
+    import dask
+    from distributed import Security
+
+    run = start_run(
+        "dask_cluster",
+        "dask cluster benchmark",
+        argv,
+        args.no_pin,
+        versions=versions("anyio-comm", "anyio", "distributed", "numpy"),
+        roles=("scheduler, client and worker A", "worker B"),
+    )
+    cpus = None if None in run.cpus else (run.cpus[0], run.cpus[1])
+    if cpus is not None:
+        pin_process(cpus[0])
+    # one message per array in the transfer (the default limit is 50 MB)
+    dask.config.set({"distributed.worker.transfer.message-bytes-limit": "1MB"})
+    security = Security.temporary() if any(s.endswith("tls") for s in args.schemes) else None
+    clusters: dict[str, Cluster] = {}
+    results: dict[str, dict[str, list[float]]] = {w: {} for w in args.workloads}
+    try:
+        for scheme in args.schemes:
+            print(f"starting a cluster on {scheme}://", file=sys.stderr)
+            clusters[scheme] = Cluster(scheme, security, cpus)
+        for repeat in range(args.repeat):
+            order = args.schemes if repeat % 2 == 0 else args.schemes[::-1]
+            for workload in args.workloads:
+                for scheme in order:
+                    cluster = clusters[scheme]
+                    if workload == "transfer":
+                        value = cluster.transfer(
+                            args.transfer_mb, args.transfer_arrays, seed=repeat * 100
+                        )
+                    elif workload == "array":
+                        value = cluster.array(args.array_n, args.array_chunk, seed=repeat)
+                    else:
+                        value = cluster.tiny(args.tiny_tasks)
+                    results[workload].setdefault(scheme, []).append(value)
+                    print(f"repeat {repeat + 1} {workload} {scheme}: {value:.4g}", file=sys.stderr)
+    finally:
+        for cluster in clusters.values():
+            cluster.close()
+
+    units = {"transfer": "GB/s", "array": "s", "tiny": "tasks/s"}
+    scale = {"transfer": 1e-9, "array": 1.0, "tiny": 1.0}
+    higher_is_better = {"transfer": True, "array": False, "tiny": True}
+    print()
+    print("| workload | scheme | median (min-max) | vs dask's own: median (min-max) |")
+    print("|---|---|---|---|")
+    ratios: dict[str, dict[str, list[float]]] = {}
+    for workload, per_scheme in results.items():
+        for scheme, values in per_scheme.items():
+            shown = [v * scale[workload] for v in values]
+            ratio_text = ""
+            baseline = per_scheme.get(BASELINE.get(scheme, ""))
+            if baseline:
+                # paired by repeat, as "better" (above 1: anyio-comm is ahead)
+                paired = [
+                    v / b if higher_is_better[workload] else b / v
+                    for v, b in zip(values, baseline, strict=True)
+                ]
+                ratios.setdefault(workload, {})[scheme] = paired
+                ratio_text = summary(paired) + "x"
+            print(
+                f"| {workload} ({units[workload]}) | {scheme}:// | {summary(shown)} | "
+                f"{ratio_text} |"
+            )
+    print(
+        "\n(ratios: anyio-comm's figure over dask's own, per repeat; for `array`, "
+        "dask's seconds over anyio-comm's: above 1, anyio-comm is ahead)"
+    )
+    if args.json:
+        write_json(
+            args.json,
+            {
+                "metadata": run.metadata(args),
+                "results": results,
+                "ratios": ratios,
+                "units": units,
+            },
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
