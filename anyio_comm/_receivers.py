@@ -27,8 +27,10 @@ whole message at a time. Two engines do that:
   <anyio_comm._sansio.decoder.FrameDecoder.frame_buffer_due>`) is left to the
   task: the callback stops at its header and from then on only wakes the
   task when the socket is readable; the task allocates the frame's buffer and
-  reads the rest of that message as the pull engine does, then the callback
-  reads again (the registration stays: no system call to switch). So a
+  reads what has arrived, then the callback fills the rest of the buffer as
+  bytes arrive and wakes the task with the whole message (the registration
+  stays: no system call to switch; the task runs once or twice per message,
+  not once per read). So a
   frame's buffer is allocated when its consumer asks for it, after the
   consumer let go of the previous message (allocated in the callback, it came
   while the consumer still held its last one: with several connections the
@@ -455,6 +457,12 @@ class PushReceiver(Receiver):
                 buffer = get_buffer()
                 n = transport.receive_into_nowait(buffer)
                 if n is None:
+                    if not (
+                        decoder.frame_buffer_due or decoder.many_frames_due or decoder.packing
+                    ):
+                        # The large frame's buffer exists: the callback fills it
+                        # from now on, and wakes the task with the whole message.
+                        self._pulling = False
                     return None
                 if n:
                     conn.buffer_updated(n)

@@ -278,6 +278,83 @@ async def test_push_engine_wakes_the_task_once_per_message(
         assert waits == wakes
 
 
+@pytest.mark.parametrize("kind", ["tcp", "tls1.3"])
+async def test_push_engine_fills_a_large_frame_in_the_callback(
+    kind: str, anyio_backend_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large frame's buffer is allocated by the receiving task; the loop's callback
+    then fills it as its bytes arrive and wakes the task with the whole message: the
+    task runs a few times per message, not once per read."""
+    if anyio_backend_name != "asyncio":
+        pytest.skip("the push engine runs on asyncio and uvloop")
+    async with connected_pair(kind) as (client, server):
+        shrink_socket_buffers(client, server)  # many reads per message
+        waits = 0
+        original = PushReceiver.wait
+
+        async def counting_wait(receiver: PushReceiver) -> None:
+            nonlocal waits
+            waits += 1
+            await original(receiver)
+
+        monkeypatch.setattr(PushReceiver, "wait", counting_wait)
+        receiver = server._receiver  # type: ignore[attr-defined]
+        reads = 0
+        transport = server._transport  # type: ignore[attr-defined]
+        inner = getattr(transport, "_inner", transport)  # TLS: count the socket's reads
+        original_read = inner.receive_into_nowait
+
+        def counting_read(buffer: memoryview) -> int | None:
+            nonlocal reads
+            n = original_read(buffer)
+            reads += n is not None
+            return n
+
+        inner.receive_into_nowait = counting_read
+        payloads = [bytes([i]) * 3_000_000 for i in range(3)]
+        for payload in payloads:
+            waits = reads = 0
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.send_frames, [b"head", payload])
+                with anyio.fail_after(20):
+                    head, frame = await server.receive_frames()
+            assert head == b"head" and frame == payload
+            assert reads > 20  # (it arrived in many pieces)
+            assert waits <= 3, (waits, reads)
+            assert not receiver._pulling
+
+
+async def test_the_loop_callback_sends_the_rest_of_a_large_message(
+    anyio_backend_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A message larger than the socket takes at once: the loop's writable callback
+    sends the rest, and the sending task is woken once, when all of it went."""
+    if anyio_backend_name != "asyncio":
+        pytest.skip("add_writer is asyncio's")
+    from anyio_comm._transports.rawsocket import _LoopWriter
+
+    async with connected_pair("tcp") as (client, server):
+        shrink_socket_buffers(client, server)
+        calls = 0
+        original = _LoopWriter.send_rest
+
+        def counting_send_rest(writer: _LoopWriter, *args: object) -> object:
+            nonlocal calls
+            calls += 1
+            return original(writer, *args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(_LoopWriter, "send_rest", counting_send_rest)
+        payload = bytes(range(256)) * 20_000  # 5 MB
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.send_frames, [payload, b"tail"])
+            with anyio.fail_after(20):
+                frame, tail = await server.receive_frames()
+        assert frame == payload and tail == b"tail"
+        assert calls == 1
+        await client.send("after")
+        assert await server.receive() == "after"
+
+
 async def test_loop_without_add_reader_falls_back(
     anyio_backend_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -281,6 +281,12 @@ class FrameDecoder:
         return self._state is _COUNT and self._start == self._end
 
     @property
+    def packing(self) -> bool:
+        """True while a many-frame message is received (its short frames packed:
+        see the module)."""
+        return self._state is _PACKED
+
+    @property
     def account(self) -> BudgetAccount | None:
         """The budget account messages are reserved from (``None``: no budget)."""
         return self._account
