@@ -57,6 +57,7 @@ from distributed.comm.core import (
 )
 from distributed.comm.tcp import BaseTCPBackend, RequireEncryptionMixin
 from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
+from distributed.protocol.utils import host_array
 from distributed.utils import nbytes
 
 import anyio_comm
@@ -67,6 +68,8 @@ from ._sansio.wire import Limits
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ._sansio._buffer import Buffer
+
 __all__ = [
     "AnyioTCP",
     "AnyioTCPBackend",
@@ -76,6 +79,7 @@ __all__ = [
     "AnyioTLSBackend",
     "AnyioTLSConnector",
     "AnyioTLSListener",
+    "dask_allocator",
     "dask_options",
 ]
 
@@ -84,6 +88,9 @@ logger = logging.getLogger(__name__)
 #: dask's frames are not bounded by anything but memory: neither are ours here
 #: (the header of a message is 8 bytes per frame, so max_frames bounds it to 128 MiB)
 DASK_LIMITS: Final = Limits(max_frames=2**24, max_frame_size=2**64 - 1, max_message_size=2**64 - 1)
+
+#: frames of at least this many bytes are received into dask's host arrays (see dask_allocator)
+HOST_ARRAY_SIZE: Final = 64 * 1024
 
 #: errors that mean the connection is gone (or unusable): dask's CommClosedError
 _CLOSED_ERRORS: Final = (
@@ -94,12 +101,23 @@ _CLOSED_ERRORS: Final = (
 )
 
 
+def dask_allocator(nbytes: int) -> Buffer:
+    """The buffer a received frame goes into: a ``bytearray`` for a small frame, else
+    dask's ``host_array`` (``numpy.empty``, as ``tcp://`` receives into: not zeroed
+    first, and NumPy asks the kernel for huge pages for it, so its pages fault in 2 MiB
+    at a time; a ``bytearray`` without NumPy)."""
+    if nbytes < HOST_ARRAY_SIZE:
+        return bytearray(nbytes)
+    return host_array(nbytes)
+
+
 def dask_options() -> anyio_comm.Options:
     """The options of an ``anyio+tcp://`` or ``anyio+tls://`` connection, read
     from dask's configuration when called.
 
     No receive limits beyond memory (:data:`DASK_LIMITS`), no message timeout
-    (dask bounds nothing of the kind either); ``handshake_timeout`` from
+    (dask bounds nothing of the kind either), frames received into
+    :func:`dask_allocator`'s buffers; ``handshake_timeout`` from
     ``distributed.comm.timeouts.connect``, ``keepalive`` from
     ``distributed.comm.timeouts.tcp``.
 
@@ -114,6 +132,7 @@ def dask_options() -> anyio_comm.Options:
     )
     return anyio_comm.Options(
         limits=DASK_LIMITS,
+        allocator=dask_allocator,
         handshake_timeout=connect_timeout or None,
         message_timeout=None,
         keepalive=tcp_timeout or None,

@@ -575,7 +575,7 @@ def test_importing_anyio_comm_does_not_import_dask() -> None:
 
 
 def test_configuration_is_respected() -> None:
-    from anyio_comm.dask import DASK_LIMITS, dask_options
+    from anyio_comm.dask import DASK_LIMITS, dask_allocator, dask_options
 
     with dask.config.set(
         {"distributed.comm.timeouts.connect": "7s", "distributed.comm.timeouts.tcp": "45s"}
@@ -585,3 +585,9 @@ def test_configuration_is_respected() -> None:
     assert options.keepalive == 45
     assert options.message_timeout is None
     assert options.limits == DASK_LIMITS
+    # frames of 64 KiB and more go into dask's host arrays (NumPy: huge pages, no zeroing)
+    assert options.allocator is dask_allocator
+    assert type(dask_allocator(100)) is bytearray
+    large = memoryview(dask_allocator(1 << 20))
+    assert isinstance(large.obj, np.ndarray) and large.nbytes == 1 << 20
+    assert not large.readonly
