@@ -248,6 +248,19 @@ async def test_push_engine_leaves_many_frame_messages_to_the_task(
                 assert not receiver._queue
 
 
+def count_waits(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the push engine's waits (the receiving task's wake-ups) in ``[0]``."""
+    waits = [0]
+    original = PushReceiver.wait
+
+    async def counting_wait(receiver: PushReceiver) -> None:
+        waits[0] += 1
+        await original(receiver)
+
+    monkeypatch.setattr(PushReceiver, "wait", counting_wait)
+    return waits
+
+
 @pytest.mark.parametrize(("message_timeout", "wakes"), [(None, 1), (60.0, 2)])
 async def test_push_engine_wakes_the_task_once_per_message(
     anyio_backend_name: str,
@@ -261,21 +274,13 @@ async def test_push_engine_wakes_the_task_once_per_message(
     if anyio_backend_name != "asyncio":
         pytest.skip("the push engine runs on asyncio and uvloop")
     async with connected_pair("tcp", message_timeout=message_timeout) as (client, server):
-        waits = 0
-        original = PushReceiver.wait
-
-        async def counting_wait(receiver: PushReceiver) -> None:
-            nonlocal waits
-            waits += 1
-            await original(receiver)
-
-        monkeypatch.setattr(PushReceiver, "wait", counting_wait)
+        waits = count_waits(monkeypatch)
         frames = [bytes([i % 256]) * 1000 for i in range(4000)]  # 4 MB: many reads
         async with anyio.create_task_group() as tg:
             tg.start_soon(client.send_frames, frames)
             received = await server.receive_frames()
         assert [bytes(f) for f in received] == frames
-        assert waits == wakes
+        assert waits[0] == wakes
 
 
 @pytest.mark.parametrize("kind", ["tcp", "tls1.3"])
@@ -289,15 +294,7 @@ async def test_push_engine_fills_a_large_frame_in_the_callback(
         pytest.skip("the push engine runs on asyncio and uvloop")
     async with connected_pair(kind) as (client, server):
         shrink_socket_buffers(client, server)  # many reads per message
-        waits = 0
-        original = PushReceiver.wait
-
-        async def counting_wait(receiver: PushReceiver) -> None:
-            nonlocal waits
-            waits += 1
-            await original(receiver)
-
-        monkeypatch.setattr(PushReceiver, "wait", counting_wait)
+        waits = count_waits(monkeypatch)
         receiver = server._receiver  # type: ignore[attr-defined]
         reads = 0
         transport = server._transport  # type: ignore[attr-defined]
@@ -313,14 +310,14 @@ async def test_push_engine_fills_a_large_frame_in_the_callback(
         inner.receive_into_nowait = counting_read
         payloads = [bytes([i]) * 3_000_000 for i in range(3)]
         for payload in payloads:
-            waits = reads = 0
+            waits[0] = reads = 0
             async with anyio.create_task_group() as tg:
                 tg.start_soon(client.send_frames, [b"head", payload])
                 with anyio.fail_after(20):
                     head, frame = await server.receive_frames()
             assert head == b"head" and frame == payload
             assert reads > 20  # (it arrived in many pieces)
-            assert waits <= 3, (waits, reads)
+            assert waits[0] <= 3, (waits, reads)
             assert not receiver._pulling
 
 

@@ -179,6 +179,20 @@ class _LoopReader:
             future.set_result(None)
 
 
+def _advance(pending: list[Any], first: int, sent: int) -> int:
+    """Drop the ``sent`` bytes a send took from ``pending[first:]`` (a partly sent
+    buffer becomes a view of its rest); return the index of the first unsent buffer."""
+    while sent:
+        size = len(pending[first])  # flat byte buffers: len() is the size
+        if sent >= size:
+            sent -= size
+            first += 1
+        else:
+            pending[first] = memoryview(pending[first])[sent:]
+            sent = 0
+    return first
+
+
 class _LoopWriter:
     """Waits for writability on an asyncio event loop; registered only while a send
     waits (a full socket is rare), and :meth:`close` wakes that send.
@@ -237,14 +251,7 @@ class _LoopWriter:
                 else:
                     sent = sock.sendmsg(pending[first : first + IOV_MAX])
                 self.progress += sent
-                while sent:
-                    size = len(pending[first])
-                    if sent >= size:
-                        sent -= size
-                        first += 1
-                    else:
-                        pending[first] = memoryview(pending[first])[sent:]
-                        sent = 0
+                first = _advance(pending, first, sent)
         except BlockingIOError:
             self._first = first
             return
@@ -483,14 +490,7 @@ class SocketTransport(Transport, SocketStream):
                 self._send_interrupted = True
                 raise self._translate(exc) from exc
             sent_any = True
-            while sent:
-                size = len(pending[first])  # flat byte buffers: len() is the size
-                if sent >= size:
-                    sent -= size
-                    first += 1
-                else:
-                    pending[first] = memoryview(pending[first])[sent:]
-                    sent = 0
+            first = _advance(pending, first, sent)
         else:
             return waited
         return await self._send_rest(pending, first, sent_any)
