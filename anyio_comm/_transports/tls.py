@@ -14,11 +14,11 @@ protocol or a non-blocking ``SSLSocket``, this keeps our own receive path:
   receive never waits (:meth:`TLSTransport.receive_into_nowait` returns
   ``None`` when neither OpenSSL nor the socket has anything); waiting is the
   inner transport's :meth:`~TLSTransport.wait_readable`.
-* send: the plaintext buffers are encrypted in slices of at most 256 KiB and
-  the ciphertext is flushed to the inner transport whenever 256 KiB of it has
+* send: the plaintext buffers are encrypted in slices of at most 64 KiB and
+  the ciphertext is flushed to the inner transport whenever 64 KiB of it has
   built up, and at the end of the message: a small message is one write, and
-  a 10 MB message is never held twice in memory and goes out in a few large
-  writes.
+  a 10 MB message is never held twice in memory (see :data:`SEND_CHUNK` for
+  why not larger slices).
 * end of stream: the peer's ``close_notify`` is a clean EOF; a TCP close
   without it (ragged EOF) is :exc:`anyio.BrokenResourceError`, so a
   truncation by an attacker is never mistaken for the end of the stream.
@@ -58,8 +58,14 @@ if TYPE_CHECKING:
 
 __all__ = ["TLSTransport"]
 
-#: ciphertext received per system call at most, and plaintext encrypted per flush
+#: ciphertext received per system call at most
 CHUNK: Final = 256 * 1024
+#: plaintext encrypted per flush at most: each flush reads the ciphertext out of the
+#: outgoing BIO into a new bytes object, which must stay below malloc's mapping
+#: threshold (128 KiB unless it adapts, and it does not in processes that set
+#: MALLOC_TRIM_THRESHOLD_, as dask's workers do), or every flush maps, faults in and
+#: unmaps its memory: 32 MB messages ran at half the speed there with 256 KiB
+SEND_CHUNK: Final = 64 * 1024
 #: the ciphertext receive buffer's first size: two full TLS records
 FIRST_CIPHER_BUFFER: Final = 2 * (16 * 1024 + 256)
 CLOSE_NOTIFY_TIMEOUT: Final = 0.1
@@ -242,10 +248,10 @@ class TLSTransport(Transport):
         try:
             for buffer in buffers:
                 view = memoryview(buffer).cast("B")
-                for offset in range(0, view.nbytes, CHUNK):
-                    sslobj.write(view[offset : offset + CHUNK])
+                for offset in range(0, view.nbytes, SEND_CHUNK):
+                    sslobj.write(view[offset : offset + SEND_CHUNK])
                     encrypted = True
-                    if self._outgoing.pending >= CHUNK:
+                    if self._outgoing.pending >= SEND_CHUNK:
                         waited |= await self._flush()
             waited |= await self._flush()  # the rest, or records a read produced
         except ssl.SSLError as exc:
