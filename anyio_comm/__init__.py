@@ -29,6 +29,8 @@ if _typing.TYPE_CHECKING:
     from ._options import Options as Options
     from ._sansio.budget import ReceiveBudget as ReceiveBudget
     from ._sansio.buffers import Allocator as Allocator
+    from ._sansio.pool import BufferPool as BufferPool
+    from ._sansio.pool import PoolStatistics as PoolStatistics
     from ._sansio.wire import Handshake as Handshake
     from ._sansio.wire import Limits as Limits
 
@@ -37,6 +39,7 @@ __version__ = "0.1.0"
 #: public name -> the module that defines it
 _EXPORTS = {
     "Allocator": "._sansio.buffers",
+    "BufferPool": "._sansio.pool",
     "Comm": "._comm",
     "CommAttribute": "._comm",
     "CommError": "._exceptions",
@@ -48,6 +51,7 @@ _EXPORTS = {
     "LocalProtocolError": "._exceptions",
     "MessageTimeoutError": "._exceptions",
     "Options": "._options",
+    "PoolStatistics": "._sansio.pool",
     "ProtocolError": "._exceptions",
     "ReceiveBudget": "._sansio.budget",
     "ReceiveBudgetError": "._exceptions",
@@ -61,6 +65,7 @@ _EXPORTS = {
 
 __all__ = [
     "Allocator",
+    "BufferPool",
     "Comm",
     "CommAttribute",
     "CommError",
@@ -72,6 +77,7 @@ __all__ = [
     "LocalProtocolError",
     "MessageTimeoutError",
     "Options",
+    "PoolStatistics",
     "ProtocolError",
     "ReceiveBudget",
     "ReceiveBudgetError",

@@ -19,6 +19,11 @@ observe through dask's comm API except where noted:
 * Frames are never split into ``distributed.comm.shard`` pieces: any frame goes
   in one piece and arrives in one buffer, so the receiver has nothing to merge
   (and copy).
+* Frames of 1 MiB and more are received into memory of earlier frames that
+  nothing holds any more (:func:`buffer_pool`), not into fresh memory: up to
+  ``anyio-comm.buffer-pool.max-free`` (1 GiB) of freed frame memory stays in the
+  process for up to ``anyio-comm.buffer-pool.free-for`` (30 s) after it was
+  freed, as recent unmanaged memory in dask's terms.
 * ``write()`` returns once the message is handed to the kernel (with tornado,
   once it is queued in the stream's unbounded buffer): a peer that does not
   read holds the writer back instead of growing its memory.
@@ -28,8 +33,9 @@ observe through dask's comm API except where noted:
   ``distributed.comm.timeouts.connect`` is dropped by the listener.
 * Configuration used: ``distributed.comm.timeouts.connect`` (the handshake
   timeout of each attempt), ``distributed.comm.timeouts.tcp`` (TCP keepalive and,
-  on Linux, the user timeout), ``distributed.comm.socket-backlog``; TLS contexts
-  come from dask's ``Security`` as for ``tls://``.
+  on Linux, the user timeout), ``distributed.comm.socket-backlog``,
+  ``anyio-comm.buffer-pool.*``; TLS contexts come from dask's ``Security`` as for
+  ``tls://``.
 """
 
 from __future__ import annotations
@@ -46,7 +52,7 @@ import anyio
 import dask
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream
 from anyio.streams.tls import TLSAttribute
-from dask.utils import parse_timedelta
+from dask.utils import parse_bytes, parse_timedelta
 from distributed.comm.addressing import parse_host_port, unparse_host_port
 from distributed.comm.core import (
     BaseListener,
@@ -91,6 +97,8 @@ DASK_LIMITS: Final = Limits(max_frames=2**24, max_frame_size=2**64 - 1, max_mess
 
 #: frames of at least this many bytes are received into dask's host arrays (see dask_allocator)
 HOST_ARRAY_SIZE: Final = 64 * 1024
+#: the buffer pool keeps at most this much memory of dropped frames, by default
+POOL_MAX_FREE: Final = "1 GiB"
 
 #: errors that mean the connection is gone (or unusable): dask's CommClosedError
 _CLOSED_ERRORS: Final = (
@@ -101,14 +109,74 @@ _CLOSED_ERRORS: Final = (
 )
 
 
-def dask_allocator(nbytes: int) -> Buffer:
-    """The buffer a received frame goes into: a ``bytearray`` for a small frame, else
-    dask's ``host_array`` (``numpy.empty``, as ``tcp://`` receives into: not zeroed
-    first, and NumPy asks the kernel for huge pages for it, so its pages fault in 2 MiB
-    at a time; a ``bytearray`` without NumPy)."""
+def _small_frame(nbytes: int) -> Buffer:
+    """A frame below the pool's ``min_size``: a ``bytearray``, or from
+    :data:`HOST_ARRAY_SIZE` dask's ``host_array`` (``numpy.empty``, as ``tcp://``
+    receives into: not zeroed first)."""
     if nbytes < HOST_ARRAY_SIZE:
         return bytearray(nbytes)
     return host_array(nbytes)
+
+
+_pool: anyio_comm.BufferPool | None = None
+#: the pending trim of the pool, and its event loop
+_trim_timer: asyncio.TimerHandle | None = None
+_trim_loop: asyncio.AbstractEventLoop | None = None
+
+
+def buffer_pool() -> anyio_comm.BufferPool:
+    """The process's pool of frame buffers, made on first use from dask's
+    configuration: ``anyio-comm.buffer-pool.max-free`` (default 1 GiB; 0 keeps
+    nothing) and ``anyio-comm.buffer-pool.free-for`` (default: dask's
+    ``distributed.worker.memory.recent-to-old-time``, 30 s, the age until which
+    dask counts unmanaged memory as recent). See the dask guide.
+
+    Raises:
+        ValueError: a configured size or duration is malformed or negative.
+    """
+    global _pool
+    if _pool is None:
+        max_free = dask.config.get("anyio-comm.buffer-pool.max-free", POOL_MAX_FREE)
+        free_for = dask.config.get(
+            "anyio-comm.buffer-pool.free-for",
+            dask.config.get("distributed.worker.memory.recent-to-old-time", "30s"),
+        )
+        _pool = anyio_comm.BufferPool(
+            max_free_bytes=parse_bytes(max_free) if isinstance(max_free, str) else max_free,
+            free_for=parse_timedelta(free_for, default="seconds"),
+            fallback=_small_frame,
+        )
+    return _pool
+
+
+def dask_allocator(nbytes: int) -> Buffer:
+    """The buffer a received frame goes into: from 1 MiB, memory of earlier frames
+    that nothing holds any more (:func:`buffer_pool`), else fresh memory (see
+    :func:`_small_frame`). Always writable, never shared with a frame still held."""
+    return buffer_pool()(nbytes)
+
+
+def _keep_trimming() -> None:
+    """While the pool holds memory, trim what was kept longer than ``free_for``
+    every ``free_for`` seconds, from the event loop of the comm that last read."""
+    global _trim_timer, _trim_loop
+    pool = _pool
+    if pool is None or pool.free_for is None:
+        return
+    if _trim_timer is not None and not (_trim_loop is None or _trim_loop.is_closed()):
+        return  # (a timer of a loop that closed never fires: schedule anew)
+    statistics = pool.statistics()
+    if statistics.buffers_in_use or statistics.free_buffers:
+        _trim_loop = asyncio.get_running_loop()
+        _trim_timer = _trim_loop.call_later(pool.free_for, _trim_tick)
+
+
+def _trim_tick() -> None:
+    global _trim_timer
+    _trim_timer = None
+    if _pool is not None:
+        _pool.trim(None)
+        _keep_trimming()
 
 
 def dask_options() -> anyio_comm.Options:
@@ -228,6 +296,7 @@ class AnyioTCP(Comm):
             raise CommClosedError(f"in {self}: closed")
         try:
             frames = await self._comm.receive_frames()
+            _keep_trimming()
         except _CLOSED_ERRORS as exc:
             self.abort()
             raise self._closed_error(exc) from exc

@@ -8,9 +8,15 @@ interleaved.
 
 Each scheme gets a ``LocalCluster`` of two worker processes (one thread each, no
 memory limit, no dashboard, ``host="127.0.0.1"``); the TLS schemes share one
-``Security.temporary()``. Every cluster is started first; then, repeat by repeat,
-each workload runs on each cluster in turn (the order of the schemes alternates
-between repeats), so slow drifts of the machine hit every scheme alike.
+``Security.temporary()``. Every cluster is started first; then, workload by
+workload, each repeat runs on each cluster in turn (the order of the schemes
+alternates between repeats), so slow drifts of the machine hit every scheme alike.
+A workload's repeats follow each other, as a steady stream of such work would: the
+first repeat of each workload meets memory in whatever state the previous workload
+left it (for anyio-comm: its buffer pool, which keeps freed frame memory for
+``anyio-comm.buffer-pool.free-for``, 10 s, has let go of it), the others the state
+their predecessor left. ``--no-pool`` (``anyio-comm.buffer-pool.max-free: 0``)
+makes anyio-comm receive every frame into fresh memory, as ``tcp://`` does.
 
 Workloads:
 
@@ -31,6 +37,7 @@ worker A on the first CPU, worker B on the second; every thread of each process.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import statistics
@@ -69,6 +76,12 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+def worker_pool_statistics() -> Any:
+    from anyio_comm.dask import buffer_pool
+
+    return buffer_pool().statistics()
+
+
 class Cluster:
     """A LocalCluster on one scheme, its client, and its two workers (A, B)."""
 
@@ -94,6 +107,15 @@ class Cluster:
         if cpus is not None:
             self.client.run(pin_process, cpus[0], workers=[self.a])
             self.client.run(pin_process, cpus[1], workers=[self.b])
+
+    def pool_statistics(self) -> dict[str, Any]:
+        """Each worker's anyio-comm buffer pool statistics (anyio-comm schemes)."""
+        if not self.scheme.startswith("anyio"):
+            return {}
+        return {
+            name: dataclasses.asdict(stats)
+            for name, stats in self.client.run(worker_pool_statistics).items()
+        }
 
     def close(self) -> None:
         self.client.close()
@@ -159,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--array-chunk", type=positive_int, default=2000, help="chunks of chunk x chunk (2000)")
     add("--tiny-tasks", type=positive_int, default=10000, help="tiny tasks (10000)")
     add("--no-pin", action="store_true", help="do not pin the processes to CPUs")
+    add("--no-pool", action="store_true", help="anyio-comm: no buffer pool (fresh memory)")
     add("--json", metavar="PATH", help="also write the results and metadata as JSON")
     args = parser.parse_args(argv)
 
@@ -178,16 +201,19 @@ def main(argv: list[str] | None = None) -> int:
         pin_process(cpus[0])
     # one message per array in the transfer (the default limit is 50 MB)
     dask.config.set({"distributed.worker.transfer.message-bytes-limit": "1MB"})
+    if args.no_pool:
+        dask.config.set({"anyio-comm.buffer-pool.max-free": 0})
     security = Security.temporary() if any(s.endswith("tls") for s in args.schemes) else None
     clusters: dict[str, Cluster] = {}
     results: dict[str, dict[str, list[float]]] = {w: {} for w in args.workloads}
+    pools: dict[str, dict[str, Any]] = {}
     try:
         for scheme in args.schemes:
             print(f"starting a cluster on {scheme}://", file=sys.stderr)
             clusters[scheme] = Cluster(scheme, security, cpus)
-        for repeat in range(args.repeat):
-            order = args.schemes if repeat % 2 == 0 else args.schemes[::-1]
-            for workload in args.workloads:
+        for workload in args.workloads:
+            for repeat in range(args.repeat):
+                order = args.schemes if repeat % 2 == 0 else args.schemes[::-1]
                 for scheme in order:
                     cluster = clusters[scheme]
                     if workload == "transfer":
@@ -200,6 +226,10 @@ def main(argv: list[str] | None = None) -> int:
                         value = cluster.tiny(args.tiny_tasks)
                     results[workload].setdefault(scheme, []).append(value)
                     print(f"repeat {repeat + 1} {workload} {scheme}: {value:.4g}", file=sys.stderr)
+        for scheme, cluster in clusters.items():
+            pools[scheme] = cluster.pool_statistics()
+            for worker, stats in pools[scheme].items():
+                print(f"{scheme} {worker} buffer pool: {stats}", file=sys.stderr)
     finally:
         for cluster in clusters.values():
             cluster.close()
@@ -239,6 +269,7 @@ def main(argv: list[str] | None = None) -> int:
                 "metadata": run.metadata(args),
                 "results": results,
                 "ratios": ratios,
+                "buffer_pools": pools,
                 "units": units,
             },
         )

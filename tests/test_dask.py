@@ -585,9 +585,78 @@ def test_configuration_is_respected() -> None:
     assert options.keepalive == 45
     assert options.message_timeout is None
     assert options.limits == DASK_LIMITS
-    # frames of 64 KiB and more go into dask's host arrays (NumPy: huge pages, no zeroing)
+    # frames of 64 KiB and more go into dask's host arrays (NumPy: no zeroing), from
+    # 1 MiB into the process's buffer pool
     assert options.allocator is dask_allocator
     assert type(dask_allocator(100)) is bytearray
+    medium = memoryview(dask_allocator(1 << 19))
+    assert isinstance(medium.obj, np.ndarray) and medium.nbytes == 1 << 19
     large = memoryview(dask_allocator(1 << 20))
-    assert isinstance(large.obj, np.ndarray) and large.nbytes == 1 << 20
-    assert not large.readonly
+    assert large.nbytes == 1 << 20 and not large.readonly
+    assert not isinstance(large.obj, np.ndarray)
+
+
+@pytest.fixture
+def fresh_buffer_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The dask backend's process-wide pool, made anew from the configuration."""
+    import anyio_comm.dask
+
+    monkeypatch.setattr(anyio_comm.dask, "_pool", None)
+    monkeypatch.setattr(anyio_comm.dask, "_trim_timer", None)
+
+
+@pytest.mark.usefixtures("fresh_buffer_pool")
+def test_buffer_pool_configuration() -> None:
+    from anyio_comm.dask import buffer_pool
+
+    with dask.config.set(
+        {"anyio-comm.buffer-pool.max-free": "64 MiB", "anyio-comm.buffer-pool.free-for": "2s"}
+    ):
+        pool = buffer_pool()
+    assert (pool.max_free_bytes, pool.free_for) == (64 * 2**20, 2.0)
+    assert buffer_pool() is pool  # one per process
+
+
+@pytest.mark.usefixtures("fresh_buffer_pool")
+def test_buffer_pool_defaults_follow_dask() -> None:
+    from anyio_comm.dask import buffer_pool
+
+    with dask.config.set({"distributed.worker.memory.recent-to-old-time": "12s"}):
+        pool = buffer_pool()
+    assert (pool.max_free_bytes, pool.free_for) == (2**30, 12.0)
+
+
+@pytest.mark.usefixtures("fresh_buffer_pool")
+@pytest.mark.parametrize("scheme", ANYIO_SCHEMES)
+async def test_received_arrays_reuse_memory_and_held_ones_never_change(
+    scheme: str, tls_files: tuple[TLSFiles, TLSFiles]
+) -> None:
+    """dask's arrays received through the pool: the memory of dropped ones is reused,
+    arrays still held (as received, or as views) keep their values; what nothing
+    holds is released once free-for passed."""
+    from anyio_comm.dask import buffer_pool
+
+    kept = []
+    with dask.config.set({"anyio-comm.buffer-pool.free-for": "0.5s"}):
+        async with pair(scheme, tls_files) as p:
+            for i in range(30):
+                array = np.full(2**19, i, dtype="f8")  # 4 MiB
+                write = asyncio.ensure_future(p.client.write({"i": i, "x": to_serialize(array)}))
+                received = await p.server.read()
+                await write
+                assert received["i"] == i
+                np.testing.assert_array_equal(received["x"], array)
+                assert received["x"].flags.writeable
+                if i % 4 == 0:
+                    kept.append((i, received["x"] if i % 8 else received["x"][10:].view("u1")))
+                del received
+            gc.collect()
+            for i, held in kept:
+                assert (held.view("f8") == i).all()
+            stats = buffer_pool().statistics()
+            assert stats.reused >= 20
+            assert stats.buffers_in_use == len(kept)
+            del kept, held
+            gc.collect()
+            await asyncio.sleep(1.5)  # the read's trim timer fires after free-for
+            assert buffer_pool().statistics().free_bytes == 0

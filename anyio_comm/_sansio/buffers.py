@@ -32,7 +32,7 @@ from typing import Final
 
 from ._buffer import Buffer
 
-__all__ = ["LAZY_COMMIT_SIZE", "Allocator", "allocate", "default_allocator"]
+__all__ = ["LAZY_COMMIT_SIZE", "Allocator", "allocate", "default_allocator", "map_anonymous"]
 
 #: ``allocator(nbytes) -> writable buffer of exactly nbytes bytes``
 Allocator = Callable[[int], Buffer]
@@ -54,6 +54,16 @@ def default_allocator(nbytes: int) -> bytearray | mmap.mmap:
     """
     if nbytes < LAZY_COMMIT_SIZE:
         return bytearray(nbytes)
+    return map_anonymous(nbytes)
+
+
+def map_anonymous(nbytes: int) -> mmap.mmap:
+    """Map ``nbytes`` bytes of private anonymous memory (zero-filled; each page is
+    committed on its first write).
+
+    Raises:
+        MemoryError: the address space (or the overcommit limit) is exhausted.
+    """
     try:
         if _MAP_FLAGS:
             return mmap.mmap(-1, nbytes, flags=_MAP_FLAGS)

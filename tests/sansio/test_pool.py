@@ -1,0 +1,258 @@
+"""BufferPool: exact-size writable frames, memory reused only once nothing holds it,
+bounded by max_free_bytes and free_for (no event loop)."""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import pickle
+import random
+import threading
+from typing import Any
+
+import pytest
+
+from anyio_comm import BufferPool, PoolStatistics
+from anyio_comm._sansio.buffers import allocate
+from anyio_comm._sansio.pool import size_class
+
+MiB = 1024 * 1024
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def address(view: Any) -> int:
+    """Where a writable buffer's memory starts."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(memoryview(view)))
+
+
+def fill(view: Any, seed: int) -> bytes:
+    view = memoryview(view)
+    pattern = bytes([seed % 251]) * 7 + seed.to_bytes(8, "little")
+    data = (pattern * (view.nbytes // len(pattern) + 1))[: view.nbytes]
+    view[:] = data
+    return data
+
+
+@pytest.mark.parametrize("nbytes", [1, 4095, MiB, MiB + 1, 3 * MiB + 17, 40 * MiB])
+def test_size_class(nbytes: int) -> None:
+    size = size_class(nbytes)
+    assert nbytes <= size <= max(nbytes * 9 // 8 + 4096, 4096)
+    assert size % 4096 == 0
+    assert size_class(size) == size
+
+
+@pytest.mark.parametrize("nbytes", [0, 100, MiB - 1, MiB, 5 * MiB + 3])
+def test_frames_are_exact_writable_flat_buffers(nbytes: int) -> None:
+    pool = BufferPool()
+    view = allocate(pool, nbytes)  # the decoder's own check
+    assert view.nbytes == nbytes and not view.readonly and view.format == "B"
+    view[:] = b"\xab" * nbytes
+    assert bytes(view) == b"\xab" * nbytes
+    pooled = nbytes >= MiB
+    assert pool.statistics().buffers_in_use == int(pooled)
+    assert pool.statistics().created == int(pooled)
+
+
+def test_smaller_frames_go_to_the_fallback() -> None:
+    sizes: list[int] = []
+
+    def fallback(n: int) -> bytearray:
+        sizes.append(n)
+        return bytearray(n)
+
+    pool = BufferPool(min_size=1000, fallback=fallback)
+    pool(999)
+    pool(1000)
+    assert sizes == [999]
+    assert pool.statistics().created == 1
+
+
+def test_memory_of_a_dropped_frame_is_reused() -> None:
+    pool = BufferPool()
+    view = pool(3 * MiB)
+    first = address(view)
+    del view
+    again = pool(3 * MiB - 100)  # same size class
+    assert address(again) == first
+    stats = pool.statistics()
+    assert (stats.created, stats.reused, stats.buffers_in_use) == (1, 1, 1)
+    other = pool(8 * MiB)  # another class: a slab of its own
+    assert address(other) != first
+    assert pool.statistics().created == 2
+
+
+def _hold_slice(view: memoryview) -> Any:
+    return view[10:20]
+
+
+def _hold_view_of_slice(view: memoryview) -> Any:
+    return memoryview(view[5:])
+
+
+def _hold_cast(view: memoryview) -> Any:
+    return view.cast("I")
+
+
+def _hold_pickle_buffer(view: memoryview) -> Any:
+    return pickle.PickleBuffer(view)
+
+
+def _hold_underlying_object(view: memoryview) -> Any:
+    return view.obj
+
+
+def _hold_numpy(view: memoryview) -> Any:
+    np = pytest.importorskip("numpy")
+    return np.frombuffer(view, dtype="u1")[3:]
+
+
+def _hold_numpy_view_of_view(view: memoryview) -> Any:
+    np = pytest.importorskip("numpy")
+    return np.frombuffer(view, dtype="u1").reshape(-1, 4)[1:, 2:].view("u2")[::3]
+
+
+@pytest.mark.parametrize(
+    "hold",
+    [
+        _hold_slice,
+        _hold_view_of_slice,
+        _hold_cast,
+        _hold_pickle_buffer,
+        _hold_underlying_object,
+        _hold_numpy,
+        _hold_numpy_view_of_view,
+    ],
+)
+def test_a_frame_anything_holds_is_never_reused(hold: Any) -> None:
+    pool = BufferPool()
+    view = pool(2 * MiB)
+    fill(view, 1)
+    held = hold(view)
+    before = memoryview(held).tobytes()
+    first = address(view)
+    del view
+    gc.collect()
+    for seed in range(2, 6):
+        other = pool(2 * MiB)
+        assert address(other) != first
+        fill(other, seed)  # writes every byte of the frame it got
+        del other
+    assert memoryview(held).tobytes() == before
+    assert pool.statistics().buffers_in_use == 1
+    del held
+    gc.collect()
+    assert pool.statistics().buffers_in_use == 0
+    assert address(pool(2 * MiB)) == first  # released last: reused first
+
+
+def test_thousands_of_frames_some_held_keep_their_bytes() -> None:
+    """Frames kept at random across thousands of allocations never change."""
+    rng = random.Random(7)
+    pool = BufferPool(max_free_bytes=64 * MiB)
+    kept: dict[int, tuple[Any, bytes]] = {}
+    sizes = [MiB, MiB + 4096, 2 * MiB, 3 * MiB]
+    for seed in range(3000):
+        view = pool(rng.choice(sizes))
+        data = fill(view, seed)
+        if rng.random() < 0.05:
+            # held through a derived object, the frame's own view dropped
+            kept[seed] = (view[1:], data[1:]) if rng.random() < 0.5 else (view, data)
+        del view
+        if kept and rng.random() < 0.03:
+            del kept[rng.choice(list(kept))]
+        if seed % 500 == 0:
+            for held, expected in kept.values():
+                assert held == expected
+    for held, expected in kept.values():
+        assert held == expected
+    stats = pool.statistics()
+    assert stats.reused > 2500
+    assert stats.buffers_in_use == len(kept)
+    assert stats.free_bytes <= 64 * MiB
+
+
+def test_free_memory_is_bounded_by_max_free_bytes() -> None:
+    pool = BufferPool(max_free_bytes=5 * MiB, free_for=None)
+    frames = [pool(2 * MiB) for _ in range(6)]
+    del frames
+    stats = pool.statistics()
+    assert stats == PoolStatistics(
+        buffers_in_use=0,
+        bytes_in_use=0,
+        free_buffers=2,
+        free_bytes=4 * MiB,
+        reused=0,
+        created=6,
+        released=4,
+    )
+
+
+def test_free_memory_is_released_after_free_for() -> None:
+    clock = Clock()
+    pool = BufferPool(free_for=10.0, clock=clock)
+    view = pool(2 * MiB)
+    del view
+    pool.statistics()  # noticed as free at time 0
+    clock.now = 9.0
+    assert pool.trim(None) == 0
+    assert pool.free_bytes == 2 * MiB
+    clock.now = 10.0
+    held = pool(MiB)  # any allocation trims what waited free_for
+    assert pool.statistics().released == 1
+    assert pool.statistics().free_bytes == 0
+    assert pool.statistics().bytes_in_use == len(memoryview(held).obj) == MiB
+
+
+def test_trim() -> None:
+    clock = Clock()
+    pool = BufferPool(free_for=None, clock=clock)
+    frames = [pool(MiB), pool(2 * MiB)]
+    del frames
+    pool.statistics()
+    clock.now = 100.0
+    assert pool.trim(None) == 0  # free_for None: kept
+    assert pool.trim(200.0) == 0
+    assert pool.trim() == 3 * MiB
+    assert pool.statistics().free_buffers == 0
+
+
+def test_frames_may_be_dropped_in_another_thread() -> None:
+    pool = BufferPool()
+    view = pool(2 * MiB)
+    first = address(view)
+    box = [view]
+    del view
+    thread = threading.Thread(target=box.clear)
+    thread.start()
+    thread.join()
+    assert address(pool(2 * MiB)) == first
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"max_free_bytes": -1}, ValueError),
+        ({"max_free_bytes": 1.5}, TypeError),
+        ({"min_size": 0}, ValueError),
+        ({"min_size": True}, TypeError),
+        ({"free_for": 0}, ValueError),
+        ({"free_for": "10"}, TypeError),
+        ({"fallback": 3}, TypeError),
+    ],
+)
+def test_bad_arguments(kwargs: dict[str, Any], error: type[Exception]) -> None:
+    with pytest.raises(error):
+        BufferPool(**kwargs)
+
+
+def test_address_space_exhausted_is_memory_error() -> None:
+    pool = BufferPool()
+    with pytest.raises(MemoryError):
+        pool(1 << 62)
