@@ -22,8 +22,8 @@ observe through dask's comm API except where noted:
 * Frames of 1 MiB and more are received into memory of earlier frames that
   nothing holds any more (:func:`buffer_pool`), not into fresh memory: up to
   ``anyio-comm.buffer-pool.max-free`` (1 GiB) of freed frame memory stays in the
-  process for up to ``anyio-comm.buffer-pool.free-for`` (30 s) after it was
-  freed, as recent unmanaged memory in dask's terms.
+  process for about ``anyio-comm.buffer-pool.free-for`` (30 s; at most 1.5 times
+  that) after it was freed, as recent unmanaged memory in dask's terms.
 * ``write()`` returns once the message is handed to the kernel (with tornado,
   once it is queued in the stream's unbounded buffer): a peer that does not
   read holds the writer back instead of growing its memory.
@@ -158,7 +158,8 @@ def dask_allocator(nbytes: int) -> Buffer:
 
 def _keep_trimming() -> None:
     """While the pool holds memory, trim what was kept longer than ``free_for``
-    every ``free_for`` seconds, from the event loop of the comm that last read."""
+    every ``free_for / 2`` seconds, from the event loop of the comm that last read
+    (so memory is given back at most 1.5 times ``free_for`` after it was freed)."""
     global _trim_timer, _trim_loop
     pool = _pool
     if pool is None or pool.free_for is None:
@@ -168,7 +169,7 @@ def _keep_trimming() -> None:
     statistics = pool.statistics()
     if statistics.buffers_in_use or statistics.free_buffers:
         _trim_loop = asyncio.get_running_loop()
-        _trim_timer = _trim_loop.call_later(pool.free_for, _trim_tick)
+        _trim_timer = _trim_loop.call_later(pool.free_for / 2, _trim_tick)
 
 
 def _trim_tick() -> None:

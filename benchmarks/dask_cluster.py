@@ -12,11 +12,13 @@ memory limit, no dashboard, ``host="127.0.0.1"``); the TLS schemes share one
 workload, each repeat runs on each cluster in turn (the order of the schemes
 alternates between repeats), so slow drifts of the machine hit every scheme alike.
 A workload's repeats follow each other, as a steady stream of such work would: the
-first repeat of each workload meets memory in whatever state the previous workload
-left it (for anyio-comm: its buffer pool, which keeps freed frame memory for
-``anyio-comm.buffer-pool.free-for``, 10 s, has let go of it), the others the state
-their predecessor left. ``--no-pool`` (``anyio-comm.buffer-pool.max-free: 0``)
-makes anyio-comm receive every frame into fresh memory, as ``tcp://`` does.
+first repeat of each workload finds the memory its predecessor left (for the
+transfer, the first of all, anyio-comm's buffer pool holds nothing yet, so it
+measures fresh memory), the others the memory the repeat before left (reused by
+anyio-comm's pool, which keeps freed frame memory for
+``anyio-comm.buffer-pool.free-for``, 30 s). ``--no-pool``
+(``anyio-comm.buffer-pool.max-free: 0``) makes anyio-comm receive every frame into
+fresh memory, as ``tcp://`` does.
 
 Workloads:
 
@@ -30,6 +32,9 @@ Workloads:
   chunks travel between them; seconds per computation.
 * ``tiny``: ``client.map`` of ``--tiny-tasks`` tasks that add two ints, then
   ``gather``: the scheduler's message rate; tasks per second.
+* ``rpc``: ``--rpc-calls`` requests for worker B's ``identity`` from this process, one
+  after the other over one of dask's comms (``distributed.core.rpc``): the round trip
+  of a small message through dask's serialization and the comm; round trips per second.
 
 Pinning (``--no-pin`` turns it off): this process (the client and the scheduler) and
 worker A on the first CPU, worker B on the second; every thread of each process.
@@ -48,7 +53,7 @@ from typing import Any
 from ._harness import argument_parser, csv_list, positive_int, start_run, versions, write_json
 
 SCHEMES = ("tcp", "anyio+tcp", "tls", "anyio+tls")
-WORKLOADS = ("transfer", "array", "tiny")
+WORKLOADS = ("transfer", "array", "tiny", "rpc")
 #: each anyio-comm scheme against dask's own
 BASELINE = {"anyio+tcp": "tcp", "anyio+tls": "tls"}
 
@@ -82,6 +87,18 @@ def worker_pool_statistics() -> Any:
     return buffer_pool().statistics()
 
 
+async def identity_calls(address: str, calls: int, connection_args: dict[str, Any]) -> float:
+    """Round trips per second of ``calls`` ``identity`` requests to ``address``."""
+    from distributed.core import rpc
+
+    async with rpc(address, connection_args=connection_args) as remote:
+        await remote.identity()  # (connects)
+        started = time.perf_counter()
+        for _ in range(calls):
+            await remote.identity()
+        return calls / (time.perf_counter() - started)
+
+
 class Cluster:
     """A LocalCluster on one scheme, its client, and its two workers (A, B)."""
 
@@ -102,6 +119,7 @@ class Cluster:
             silence_logs=logging.ERROR,
         )
         self.client = Client(self.cluster, security=security if tls else None)
+        self.connection_args = security.get_connection_args("client") if tls else {}
         self.client.wait_for_workers(2, timeout=60)
         self.a, self.b = sorted(self.client.scheduler_info()["workers"])
         if cpus is not None:
@@ -151,6 +169,11 @@ class Cluster:
         assert 0.9 * n * n < total < 1.1 * n * n, total  # the mean of x + x.T is 1
         return elapsed
 
+    def rpc(self, calls: int) -> float:
+        """Round trips per second of small requests (worker B's ``identity``) from
+        this process over one of dask's comms."""
+        return float(self.client.sync(identity_calls, self.b, calls, self.connection_args))
+
     def tiny(self, tasks: int) -> float:
         """Tasks per second."""
         client = self.client
@@ -163,10 +186,15 @@ class Cluster:
         return tasks / elapsed
 
 
+def number(value: float) -> str:
+    """Three significant digits, without an exponent."""
+    return f"{value:,.0f}" if value >= 100 else f"{value:.3g}"
+
+
 def summary(values: list[float]) -> str:
     if len(values) == 1:
-        return f"{values[0]:.3g}"
-    return f"{statistics.median(values):.3g} ({min(values):.3g}-{max(values):.3g})"
+        return number(values[0])
+    return f"{number(statistics.median(values))} ({number(min(values))}-{number(max(values))})"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -180,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     add("--array-n", type=positive_int, default=20000, help="x is n x n (20000)")
     add("--array-chunk", type=positive_int, default=2000, help="chunks of chunk x chunk (2000)")
     add("--tiny-tasks", type=positive_int, default=10000, help="tiny tasks (10000)")
+    add("--rpc-calls", type=positive_int, default=5000, help="rpc round trips (5000)")
     add("--no-pin", action="store_true", help="do not pin the processes to CPUs")
     add("--no-pool", action="store_true", help="anyio-comm: no buffer pool (fresh memory)")
     add("--json", metavar="PATH", help="also write the results and metadata as JSON")
@@ -222,8 +251,10 @@ def main(argv: list[str] | None = None) -> int:
                         )
                     elif workload == "array":
                         value = cluster.array(args.array_n, args.array_chunk, seed=repeat)
-                    else:
+                    elif workload == "tiny":
                         value = cluster.tiny(args.tiny_tasks)
+                    else:
+                        value = cluster.rpc(args.rpc_calls)
                     results[workload].setdefault(scheme, []).append(value)
                     print(f"repeat {repeat + 1} {workload} {scheme}: {value:.4g}", file=sys.stderr)
         for scheme, cluster in clusters.items():
@@ -234,9 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         for cluster in clusters.values():
             cluster.close()
 
-    units = {"transfer": "GB/s", "array": "s", "tiny": "tasks/s"}
-    scale = {"transfer": 1e-9, "array": 1.0, "tiny": 1.0}
-    higher_is_better = {"transfer": True, "array": False, "tiny": True}
+    units = {"transfer": "GB/s", "array": "s", "tiny": "tasks/s", "rpc": "round trips/s"}
+    scale = {"transfer": 1e-9, "array": 1.0, "tiny": 1.0, "rpc": 1.0}
+    higher_is_better = {"transfer": True, "array": False, "tiny": True, "rpc": True}
     print()
     print("| workload | scheme | median (min-max) | vs dask's own: median (min-max) |")
     print("|---|---|---|---|")
