@@ -6,6 +6,7 @@ points alone. Loopback only (``host="127.0.0.1"``), no dashboard.
 from __future__ import annotations
 
 import operator
+import time
 from typing import TYPE_CHECKING
 
 import pytest
@@ -73,3 +74,30 @@ def test_many_tiny_tasks(client: Client) -> None:
     total = client.submit(sum, futures)
     assert total.result(timeout=120) == 2 * sum(range(2000))
     assert client.gather(futures[:5]) == [0, 2, 4, 6, 8]
+
+
+def _pool_statistics() -> object:
+    from anyio_comm.dask import buffer_pool
+
+    return buffer_pool().statistics()
+
+
+def _held_keys(dask_worker: object) -> int:
+    return len(dask_worker.data)  # type: ignore[attr-defined]
+
+
+def test_large_frames_reuse_memory_in_the_workers(client: Client) -> None:
+    """An array sent to the same worker again and again lands in the memory of the
+    one before (which that worker released), in the worker process's buffer pool."""
+    a, b = sorted(client.scheduler_info()["workers"])
+    for seed in range(4):
+        x = client.submit(np.full, 2**20, seed, dtype="f8", workers=[a], pure=False)  # 8 MiB
+        y = client.submit(np.sum, x, workers=[b], pure=False)
+        assert y.result(timeout=60) == seed * 2**20
+        del x, y
+        deadline = time.monotonic() + 30
+        while client.run(_held_keys, workers=[b])[b]:
+            assert time.monotonic() < deadline, "worker B kept the array"
+            time.sleep(0.05)
+    stats = client.run(_pool_statistics, workers=[b])[b]
+    assert stats.reused >= 3  # type: ignore[attr-defined]
