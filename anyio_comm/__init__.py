@@ -12,6 +12,7 @@ import typing as _typing
 if _typing.TYPE_CHECKING:
     from ._comm import Comm as Comm
     from ._comm import CommAttribute as CommAttribute
+    from ._comm import current_buffer_pool as current_buffer_pool
     from ._connect import connect as connect
     from ._connect import from_stream as from_stream
     from ._exceptions import CommError as CommError
@@ -58,6 +59,7 @@ _EXPORTS = {
     "RemoteProtocolError": "._exceptions",
     "SerializationError": "._exceptions",
     "connect": "._connect",
+    "current_buffer_pool": "._comm",
     "from_stream": "._connect",
     "listen": "._listener",
     "serve": "._listener",
@@ -85,6 +87,7 @@ __all__ = [
     "SerializationError",
     "__version__",
     "connect",
+    "current_buffer_pool",
     "from_stream",
     "listen",
     "serve",

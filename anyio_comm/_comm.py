@@ -63,7 +63,7 @@ from anyio import (
     typed_attribute,
 )
 from anyio.abc import ObjectStream
-from anyio.lowlevel import checkpoint
+from anyio.lowlevel import RunVar, checkpoint
 
 from ._backend import current_backend
 from ._compat import final
@@ -77,6 +77,7 @@ from ._exceptions import (
 from ._receivers import start_receiver
 from ._sansio.connection import Connection, ConnectionState
 from ._sansio.decoder import EndOfData
+from ._sansio.pool import BufferPool
 from ._util import ConflictDetector
 
 if TYPE_CHECKING:
@@ -90,7 +91,7 @@ if TYPE_CHECKING:
     from ._sansio.wire import Handshake
     from ._transports.base import Transport
 
-__all__ = ["Comm", "CommAttribute", "IdleHook", "establish"]
+__all__ = ["Comm", "CommAttribute", "IdleHook", "current_buffer_pool", "establish"]
 
 logger = logging.getLogger("anyio_comm")
 
@@ -720,13 +721,32 @@ async def establish(
     )
 
 
+#: the buffer pool of each event loop's comms that were given no allocator
+_LOOP_POOL: RunVar[BufferPool] = RunVar("anyio_comm.buffer_pool")
+
+
+def current_buffer_pool() -> BufferPool:
+    """The :class:`BufferPool` that the running event loop's comms receive their
+    large frames into, unless they were given an ``allocator`` (made on first use,
+    with the default bounds; gone with the event loop).
+
+    Raises:
+        RuntimeError: no event loop is running in this thread.
+    """
+    pool = _LOOP_POOL.get(None)
+    if pool is None:
+        pool = BufferPool()
+        _LOOP_POOL.set(pool)
+    return pool
+
+
 async def _exchange_preambles(
     transport: Transport, options: Options, account: BudgetAccount | None
 ) -> Connection:
     conn = Connection(
         options.limits,
         read_buffer_size=options.read_buffer_size,
-        allocator=options.allocator,
+        allocator=options.allocator or current_buffer_pool(),
         account=account,
     )
     await transport.handshake()

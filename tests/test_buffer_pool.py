@@ -1,5 +1,6 @@
-"""Comms receiving into a BufferPool, over every transport, on every backend:
-frames arrive intact, memory is reused, and frames the application holds never change."""
+"""Comms receiving into a BufferPool (their event loop's by default), over every
+transport, on every backend: frames arrive intact, memory is reused, and frames the
+application holds never change."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import gc
 import anyio
 import pytest
 
-from anyio_comm import BufferPool
+from anyio_comm import BufferPool, current_buffer_pool
 
 from .helpers import TRANSPORTS, connected_pair
 
@@ -52,3 +53,39 @@ async def test_frames_received_into_a_pool(kind: str) -> None:
             tg.start_soon(server.send_frames, [frame(99, 2 * MiB)])
             (reply,) = await client.receive_frames()
         assert reply == frame(99, 2 * MiB)
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_comms_without_an_allocator_share_the_event_loops_pool(kind: str) -> None:
+    pool = current_buffer_pool()
+    assert current_buffer_pool() is pool
+    before = pool.statistics()
+    async with connected_pair(kind) as (client, server):
+        for seed in range(6):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.send_frames, [frame(seed, 2 * MiB), b"small"])
+                big, small = await server.receive_frames()
+            assert big == frame(seed, 2 * MiB) and small == b"small"
+            assert type(small.obj) is bytearray  # small frames stay plain bytearrays
+            del big, small
+    after = pool.statistics()
+    assert after.reused - before.reused >= 4
+    assert after.created - before.created <= 2
+
+
+async def test_an_allocator_of_ones_own_is_used_instead() -> None:
+    sizes: list[int] = []
+
+    def allocator(n: int) -> bytearray:
+        sizes.append(n)
+        return bytearray(n)
+
+    before = current_buffer_pool().statistics()
+    async with connected_pair("tcp", allocator=allocator) as (client, server):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.send_frames, [frame(1, 2 * MiB)])
+            (big,) = await server.receive_frames()
+        assert big == frame(1, 2 * MiB) and type(big.obj) is bytearray
+    assert 2 * MiB in sizes
+    after = current_buffer_pool().statistics()
+    assert (after.created, after.reused) == (before.created, before.reused)

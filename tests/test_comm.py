@@ -22,8 +22,10 @@ from anyio_comm import (
     LocalProtocolError,
     RemoteProtocolError,
     SerializationError,
+    current_buffer_pool,
 )
 from anyio_comm._receivers import PushReceiver
+from anyio_comm._sansio.pool import size_class
 
 from .helpers import TRANSPORTS, call_soon_outside_any_task, connected_pair
 
@@ -48,7 +50,9 @@ async def test_large_payload_is_zero_copy_memoryview(kind: str) -> None:
         data = reply["data"]
         assert isinstance(data, memoryview)
         assert data.nbytes == len(payload) and data.obj is not None
-        assert len(data.obj) == len(payload)  # its own exact-size buffer
+        # its own buffer: a slab of the event loop's buffer pool, of the frame's size class
+        assert len(data.obj) == size_class(len(payload))
+        assert current_buffer_pool().statistics().buffers_in_use >= 1
         assert data == payload
         assert reply["tiny"] == b"t"
 

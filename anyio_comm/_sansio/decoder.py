@@ -74,6 +74,7 @@ from typing import Final, NoReturn
 from .budget import FRAME_COST, BudgetAccount
 from .buffers import Allocator, allocate, default_allocator
 from .errors import RemoteProtocolError
+from .pool import BufferPool
 from .wire import (
     LENGTHS,
     MAGIC,
@@ -207,7 +208,13 @@ class FrameDecoder:
         check_read_buffer_size(read_buffer_size)
         self._limits = limits if limits is not None else Limits()
         self._allocator: Allocator = allocator or default_allocator
-        self._fast_alloc = self._allocator is default_allocator
+        # Frames that fit in the read-ahead buffer are plain bytearrays whoever
+        # allocates: the fast paths copy them out of it themselves.
+        self._fast_alloc = self._allocator is default_allocator or (
+            isinstance(allocator, BufferPool)
+            and allocator.small_frames_are_bytearrays
+            and allocator.min_size > read_buffer_size
+        )
         # Largest single frame the one-frame fast path of next_message() may
         # take without the general limit checks (-1: never).
         limits = self._limits

@@ -75,6 +75,15 @@ SYSTEMS: dict[str, System] = {
             "to compare with the default push engine on asyncio and uvloop",
         ),
         System(
+            "anyio-comm-nopool",
+            ASYNC_BACKENDS,
+            ASYNC_BACKENDS,
+            tuple((backend, "comm_nopool") for backend in ASYNC_BACKENDS),
+            diagnostic=True,
+            description="anyio-comm receiving every frame into fresh memory "
+            "(allocator=default_allocator), to compare with the default buffer pool",
+        ),
+        System(
             "floor",
             ASYNC_BACKENDS,
             ("asyncio", "uvloop"),

@@ -21,13 +21,17 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
 CONNECT_TIMEOUT = 30.0
+#: options of every comm this module opens (systems built on it set them)
+OPTIONS: dict[str, Any] = {}
 
 
 async def connect(address: str, ssl_context: ssl.SSLContext | None) -> anyio_comm.Comm:
     """A comm to ``address`` (a ``tls://`` one with ``ssl_context``)."""
     if ssl_context is None:
-        return await anyio_comm.connect(address, timeout=CONNECT_TIMEOUT)
-    return await anyio_comm.connect(address, timeout=CONNECT_TIMEOUT, ssl_context=ssl_context)
+        return await anyio_comm.connect(address, timeout=CONNECT_TIMEOUT, **OPTIONS)
+    return await anyio_comm.connect(
+        address, timeout=CONNECT_TIMEOUT, ssl_context=ssl_context, **OPTIONS
+    )
 
 
 async def serve(counter: Any, ssl_context: ssl.SSLContext | None, ready: Any) -> None:
@@ -40,9 +44,11 @@ async def serve(counter: Any, ssl_context: ssl.SSLContext | None, ready: Any) ->
             counter.n += 1
 
     if ssl_context is None:
-        listening = anyio_comm.listen("tcp://127.0.0.1:0", echo)
+        listening = anyio_comm.listen("tcp://127.0.0.1:0", echo, **OPTIONS)
     else:
-        listening = anyio_comm.listen("tls://127.0.0.1:0", echo, ssl_context=ssl_context)
+        listening = anyio_comm.listen(
+            "tls://127.0.0.1:0", echo, ssl_context=ssl_context, **OPTIONS
+        )
     async with listening as listener:
         ready(listener.address)
         await anyio.sleep_forever()

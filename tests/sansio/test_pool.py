@@ -256,3 +256,13 @@ def test_address_space_exhausted_is_memory_error() -> None:
     pool = BufferPool()
     with pytest.raises(MemoryError):
         pool(1 << 62)
+
+
+def test_the_decoders_fast_paths_stay_on_with_a_pool() -> None:
+    """Frames that fit in the read-ahead buffer are copied out as bytearrays by the
+    decoder itself when the pool would give bytearrays for them anyway."""
+    from anyio_comm._sansio.decoder import FrameDecoder
+
+    assert FrameDecoder(allocator=BufferPool())._fast_alloc
+    assert not FrameDecoder(allocator=BufferPool(fallback=bytearray))._fast_alloc
+    assert not FrameDecoder(allocator=BufferPool(min_size=4096))._fast_alloc
