@@ -58,7 +58,7 @@ class Options:
         read_buffer_size: size of the read-ahead buffer (at least 4096).
         allocator: allocates the buffer each received frame goes into,
             ``allocator(n)`` returning a writable buffer of ``n`` bytes
-            (``None``: a ``bytearray`` below 1 MiB, larger frames from the
+            (``None``: a ``bytearray`` up to 64 KiB, larger frames from the
             event loop's :func:`~anyio_comm.current_buffer_pool`, which reuses
             the memory of frames nothing holds any more).
         oob_threshold: bytes-like values of at least this size travel as

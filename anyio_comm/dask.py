@@ -19,7 +19,7 @@ observe through dask's comm API except where noted:
 * Frames are never split into ``distributed.comm.shard`` pieces: any frame goes
   in one piece and arrives in one buffer, so the receiver has nothing to merge
   (and copy).
-* Frames of 1 MiB and more are received into memory of earlier frames that
+* Frames larger than 64 KiB are received into memory of earlier frames that
   nothing holds any more (:func:`buffer_pool`), not into fresh memory: up to
   ``anyio-comm.buffer-pool.max-free`` (1 GiB) of freed frame memory stays in the
   process for about ``anyio-comm.buffer-pool.free-for`` (30 s; at most 1.5 times
@@ -63,7 +63,6 @@ from distributed.comm.core import (
 )
 from distributed.comm.tcp import BaseTCPBackend, RequireEncryptionMixin
 from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
-from distributed.protocol.utils import host_array
 from distributed.utils import nbytes
 
 import anyio_comm
@@ -95,8 +94,6 @@ logger = logging.getLogger(__name__)
 #: (the header of a message is 8 bytes per frame, so max_frames bounds it to 128 MiB)
 DASK_LIMITS: Final = Limits(max_frames=2**24, max_frame_size=2**64 - 1, max_message_size=2**64 - 1)
 
-#: frames of at least this many bytes are received into dask's host arrays (see dask_allocator)
-HOST_ARRAY_SIZE: Final = 64 * 1024
 #: the buffer pool keeps at most this much memory of dropped frames, by default
 POOL_MAX_FREE: Final = "1 GiB"
 
@@ -107,15 +104,6 @@ _CLOSED_ERRORS: Final = (
     BrokenResourceError,
     anyio_comm.RemoteProtocolError,
 )
-
-
-def _small_frame(nbytes: int) -> Buffer:
-    """A frame below the pool's ``min_size``: a ``bytearray``, or from
-    :data:`HOST_ARRAY_SIZE` dask's ``host_array`` (``numpy.empty``, as ``tcp://``
-    receives into: not zeroed first)."""
-    if nbytes < HOST_ARRAY_SIZE:
-        return bytearray(nbytes)
-    return host_array(nbytes)
 
 
 _pool: anyio_comm.BufferPool | None = None
@@ -144,15 +132,14 @@ def buffer_pool() -> anyio_comm.BufferPool:
         _pool = anyio_comm.BufferPool(
             max_free_bytes=parse_bytes(max_free) if isinstance(max_free, str) else max_free,
             free_for=parse_timedelta(free_for, default="seconds"),
-            fallback=_small_frame,
         )
     return _pool
 
 
 def dask_allocator(nbytes: int) -> Buffer:
-    """The buffer a received frame goes into: from 1 MiB, memory of earlier frames
-    that nothing holds any more (:func:`buffer_pool`), else fresh memory (see
-    :func:`_small_frame`). Always writable, never shared with a frame still held."""
+    """The buffer a received frame goes into: above 64 KiB, memory of earlier frames
+    that nothing holds any more (:func:`buffer_pool`), else a ``bytearray``. Always
+    writable, never shared with a frame still held."""
     return buffer_pool()(nbytes)
 
 

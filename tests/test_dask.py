@@ -575,7 +575,7 @@ def test_importing_anyio_comm_does_not_import_dask() -> None:
 
 
 def test_configuration_is_respected() -> None:
-    from anyio_comm.dask import DASK_LIMITS, dask_allocator, dask_options
+    from anyio_comm.dask import DASK_LIMITS, buffer_pool, dask_allocator, dask_options
 
     with dask.config.set(
         {"distributed.comm.timeouts.connect": "7s", "distributed.comm.timeouts.tcp": "45s"}
@@ -585,15 +585,15 @@ def test_configuration_is_respected() -> None:
     assert options.keepalive == 45
     assert options.message_timeout is None
     assert options.limits == DASK_LIMITS
-    # frames of 64 KiB and more go into dask's host arrays (NumPy: no zeroing), from
-    # 1 MiB into the process's buffer pool
+    # frames larger than 64 KiB go into the process's buffer pool, smaller ones
+    # into bytearrays
     assert options.allocator is dask_allocator
-    assert type(dask_allocator(100)) is bytearray
-    medium = memoryview(dask_allocator(1 << 19))
-    assert isinstance(medium.obj, np.ndarray) and medium.nbytes == 1 << 19
-    large = memoryview(dask_allocator(1 << 20))
-    assert large.nbytes == 1 << 20 and not large.readonly
-    assert not isinstance(large.obj, np.ndarray)
+    assert type(dask_allocator(1 << 16)) is bytearray
+    before = buffer_pool().statistics().buffers_in_use
+    large = memoryview(dask_allocator((1 << 16) + 1))
+    assert large.nbytes == (1 << 16) + 1 and not large.readonly
+    assert type(large.obj) is not bytearray
+    assert buffer_pool().statistics().buffers_in_use == before + 1
 
 
 @pytest.fixture

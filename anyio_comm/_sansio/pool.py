@@ -20,10 +20,11 @@ every consumer of a buffer hold a reference to the object that exported it:
 a ``memoryview`` of the frame, a slice of it, a NumPy array made from it, a
 ``PickleBuffer``, all keep the handle alive, directly or through each other
 (views of a ``memoryview`` share its exporter). So the handle dies only when
-the last of them is gone; a ``weakref.finalize`` on the handle then gives the
-slab back, and only then may it serve another frame. The slab itself is never
-handed out. (Code that keeps a raw address without holding the buffer, such as
-``ctypes.addressof``, is as unsafe here as with any buffer that gets freed.)
+the last of them is gone; the callback of a weak reference to the handle then
+gives the slab back, and only then may it serve another frame. The slab itself
+is never handed out. (Code that keeps a raw address without holding the buffer,
+such as ``ctypes.addressof``, is as unsafe here as with any buffer that gets
+freed.)
 
 Fresh slabs of 2 MiB and more ask the kernel for transparent huge pages
 (``MADV_HUGEPAGE``, as NumPy does for its large arrays): where the kernel has
@@ -39,22 +40,33 @@ serves frames of its class only.
 
 Bounds: the pool keeps at most ``max_free_bytes`` of slabs that nothing holds
 (counted in slab sizes), and :meth:`BufferPool.trim` releases those unused for
-``free_for`` seconds (every allocation does too). A kept slab costs the system
-nothing it needs: when a frame is released, its slab's pages are marked free
-lazily (``MADV_FREE``, on Linux), so the kernel takes them back if it runs short
-of memory (the slab's next use then faults fresh pages in), and otherwise the
-next frame reuses them as they are, without a fault (measured: 0.1 ms to mark
-256 MB). So an idle process that holds slabs costs no memory the system wants,
-though they count in its resident size until the kernel takes them. Slabs in use are the
-application's memory, as any frame buffer is, and are not bounded by the pool.
-Frames below ``min_size`` are not pooled: the C allocator already reuses small
-blocks, and a mapping per small frame would cost more than it saves.
+``free_for`` seconds (every allocation does too). A kept slab of 2 MiB or more
+costs the system nothing it needs: when its frame is released, its pages are
+marked free lazily (``MADV_FREE``, on Linux), so the kernel takes them back if
+it runs short of memory (the slab's next use then faults fresh pages in), and
+otherwise the next frame reuses them as they are, without a fault. Marking
+costs about 1 us per MiB of huge pages but 4-13 us per smaller slab (a page
+table walk per 4 KiB page), a tenth of the time it takes to receive 128 KiB,
+so smaller slabs are kept as they are. Slabs in use are the application's
+memory, as any frame buffer is, and are not bounded by the pool.
+
+Frames below ``min_size`` are not pooled. The default, just over 64 KiB, pools
+every frame that is received straight into its own buffer rather than copied
+out of the read-ahead buffer: the C allocator serves small blocks well, but
+large ones it maps and unmaps, or takes from the top of its heap and gives back
+when they are freed together (``malloc_trim``), so a message of several large
+frames faults all of its pages in again every time (measured: five 1 MB frames
+echoed 165 times a second from ``bytearray``s, 390 from the pool; ten 100 KB
+frames 950 against 2,100). A pooled frame costs about 2.4 us to hand out and
+take back, against 1-2.5 us for a ``bytearray`` of 70-256 KB that the C
+allocator reuses.
 
 Threads: call the pool (and :meth:`~BufferPool.trim`,
 :meth:`~BufferPool.statistics`) from one thread at a time, the event loop's.
 The frames may be dropped anywhere (a worker thread that deserializes them,
-say): the handle's finalizer only appends the slab to a ``deque``, which is
-safe from any thread, and the allocating thread takes it from there.
+say): the weak reference's callback only takes the slab out of a ``dict`` and
+appends it to a ``deque``, which are safe from any thread, and the allocating
+thread takes it from there.
 """
 
 from __future__ import annotations
@@ -78,8 +90,10 @@ if TYPE_CHECKING:
 
 __all__ = ["BufferPool", "PoolStatistics", "size_class"]
 
-#: frames of at least this many bytes are pooled, by default
-DEFAULT_MIN_SIZE: Final = 1024 * 1024
+#: frames of at least this many bytes are pooled, by default: those larger than the
+#: default read-ahead buffer (64 KiB), which are received straight into their own
+#: buffer (smaller ones are copied out of the read-ahead buffer into a bytearray)
+DEFAULT_MIN_SIZE: Final = 64 * 1024 + 1
 #: the pool keeps at most this many bytes of slabs that nothing holds, by default
 DEFAULT_MAX_FREE_BYTES: Final = 256 * 1024 * 1024
 #: ... each for at most this many seconds after it was last released, by default
@@ -91,6 +105,7 @@ _HUGE_PAGE: Final = 2 * 1024 * 1024
 _MADV_HUGEPAGE: Final = getattr(mmap, "MADV_HUGEPAGE", None)
 #: released slabs are lazily freed: the kernel may take their pages when it needs memory
 _MADV_FREE: Final = getattr(mmap, "MADV_FREE", None)
+_NEVER: Final = float("inf")
 
 
 def size_class(nbytes: int) -> int:
@@ -160,6 +175,8 @@ class BufferPool:
         "_handle_types",
         "_in_use",
         "_in_use_bytes",
+        "_live",
+        "_oldest",
         "_released",
         "_returned",
         "_reused",
@@ -199,10 +216,17 @@ class BufferPool:
         self.min_size = min_size
         self._fallback: Allocator = fallback if fallback is not None else bytearray
         self._clock = clock
-        # slabs nothing holds, released longest ago first: (release time, slab)
-        self._free: collections.deque[tuple[float, mmap.mmap]] = collections.deque()
+        # slabs nothing holds, per size class, released longest ago first:
+        # [(release time, slab), ...]
+        self._free: dict[int, list[tuple[float, mmap.mmap]]] = {}
         self._free_bytes = 0
-        # slabs whose handle died, appended by its finalizer (from any thread)
+        # no kept slab was released before this (a lower bound; inf: none kept)
+        self._oldest = _NEVER
+        # each frame handed out: id(weak reference to its handle) -> (that
+        # reference, which must live as long as the handle; the frame's slab)
+        self._live: dict[int, tuple[weakref.ref[ctypes.Array[ctypes.c_ubyte]], mmap.mmap]] = {}
+        # slabs whose handle died, appended by the weak reference's callback
+        # (from any thread)
         self._returned: collections.deque[mmap.mmap] = collections.deque()
         self._in_use = 0
         self._in_use_bytes = 0
@@ -213,86 +237,110 @@ class BufferPool:
 
     def __call__(self, nbytes: int) -> Buffer:
         """A writable buffer of exactly ``nbytes`` bytes (not zero-filled when reused;
-        below ``min_size``, what ``fallback`` returns).
+        below ``min_size``, or when no memory can be mapped, what ``fallback``
+        returns).
 
         Raises:
-            MemoryError: the memory (or address space) is not available.
+            MemoryError: the memory (or address space) is not available, from
+                the pool nor from ``fallback``.
         """
         if nbytes < self.min_size:
             return self._fallback(nbytes)
         now = self._clock()
-        self._take_returned(now)
+        if self._returned:
+            self._take_returned(now)
         size = size_class(nbytes)
-        slab = self._take_free(size)
-        self._trim(now)
-        if slab is None:
-            slab = map_anonymous(size)
+        kept = self._free.get(size)
+        if kept:
+            slab = kept.pop()[1]
+            self._free_bytes -= size
+            self._reused += 1
+        else:
+            try:
+                slab = map_anonymous(size)
+            except MemoryError:
+                # Out of mappings (vm.max_map_count: slabs in use, with holes
+                # between them, each take one) or of address space: the C
+                # allocator may still have room.
+                return self._fallback(nbytes)
             if size >= _HUGE_PAGE and _MADV_HUGEPAGE is not None:
                 with contextlib.suppress(OSError):  # (THP off, or unsupported here)
                     slab.madvise(_MADV_HUGEPAGE)
             self._created += 1
-        else:
-            self._reused += 1
+        free_for = self.free_for
+        if self._free_bytes > self.max_free_bytes or (
+            free_for is not None and self._oldest <= now - free_for
+        ):
+            self._trim(now, free_for)
         handle_type = self._handle_types.get(size)
         if handle_type is None:
             handle_type = self._handle_types[size] = ctypes.c_ubyte * size
         handle = handle_type.from_buffer(slab)
-        weakref.finalize(handle, self._release, slab).atexit = False
+        ref = weakref.ref(handle, self._release)
+        self._live[id(ref)] = (ref, slab)
         self._in_use += 1
         self._in_use_bytes += size
         return memoryview(handle).cast("B")[:nbytes]
 
-    def _release(self, slab: mmap.mmap) -> None:
-        """The finalizer of a frame's handle (nothing holds the frame any more; any
-        thread): let the kernel take the slab's pages back if it needs memory, and
-        hand the slab to the allocating thread."""
-        if _MADV_FREE is not None:
+    def _release(self, ref: weakref.ref[ctypes.Array[ctypes.c_ubyte]]) -> None:
+        """The callback of a frame's handle's weak reference (nothing holds the
+        frame any more; any thread): hand its slab to the allocating thread,
+        marked lazily free if it is large (see the module)."""
+        slab = self._live.pop(id(ref))[1]
+        if len(slab) >= _HUGE_PAGE and _MADV_FREE is not None:
             with contextlib.suppress(OSError, ValueError):  # (unsupported; closed)
                 slab.madvise(_MADV_FREE)
         self._returned.append(slab)
 
     def _take_returned(self, now: float) -> None:
-        """Move the slabs whose frames were dropped to the free list."""
+        """Move the slabs whose frames were dropped to the free lists."""
         returned = self._returned
+        free = self._free
         while returned:
             slab = returned.popleft()
+            size = len(slab)
             self._in_use -= 1
-            self._in_use_bytes -= len(slab)
-            self._free.append((now, slab))
-            self._free_bytes += len(slab)
+            self._in_use_bytes -= size
+            kept = free.get(size)
+            if kept is None:
+                kept = free[size] = []
+            kept.append((now, slab))
+            self._free_bytes += size
+            if now < self._oldest:
+                self._oldest = now
 
-    def _take_free(self, size: int) -> mmap.mmap | None:
-        """A kept slab of ``size`` bytes, the one released last (its pages are
-        the likeliest to be in the caches), or None."""
-        free = self._free
-        for index in range(len(free) - 1, -1, -1):
-            slab = free[index][1]
-            if len(slab) == size:
-                del free[index]
-                self._free_bytes -= size
-                return slab
-        return None
-
-    def _trim(self, now: float, older_than: float | None = None) -> int:
-        """Unmap kept slabs over ``max_free_bytes`` and those released before
-        ``now - older_than`` (default ``free_for``); return the bytes unmapped."""
-        if older_than is None:
-            older_than = self.free_for
+    def _trim(self, now: float, older_than: float | None) -> int:
+        """Unmap kept slabs released before ``now - older_than`` (``None``: none),
+        then the ones released longest ago while more than ``max_free_bytes``
+        are kept; return the bytes unmapped."""
         free = self._free
         released = 0
-        while free and (
-            self._free_bytes > self.max_free_bytes
-            or (older_than is not None and free[0][0] <= now - older_than)
-        ):
-            slab = free.popleft()[1]
-            self._free_bytes -= len(slab)
-            released += len(slab)
-            self._released += 1
-            try:
-                slab.close()
-            except BufferError:  # pragma: no cover - a dying handle's export: unmapped with it
-                pass
+        if older_than is not None:
+            cutoff = now - older_than
+            for kept in free.values():
+                old = 0
+                while old < len(kept) and kept[old][0] <= cutoff:
+                    released += self._unmap(kept[old][1])
+                    old += 1
+                del kept[:old]
+        while self._free_bytes > self.max_free_bytes:
+            kept = min((k for k in free.values() if k), key=lambda k: k[0][0])
+            released += self._unmap(kept.pop(0)[1])
+        for size in [size for size, kept in free.items() if not kept]:
+            del free[size]
+        self._oldest = min((kept[0][0] for kept in free.values()), default=_NEVER)
         return released
+
+    def _unmap(self, slab: mmap.mmap) -> int:
+        """Unmap one kept slab; return its size."""
+        size = len(slab)
+        self._free_bytes -= size
+        self._released += 1
+        try:
+            slab.close()
+        except BufferError:  # pragma: no cover - a dying handle's export: unmapped with it
+            pass
+        return size
 
     def trim(self, older_than: float | None = 0.0) -> int:
         """Unmap the kept slabs released at least ``older_than`` seconds ago
@@ -303,7 +351,7 @@ class BufferPool:
         """
         now = self._clock()
         self._take_returned(now)
-        return self._trim(now, older_than)
+        return self._trim(now, older_than if older_than is not None else self.free_for)
 
     @property
     def free_bytes(self) -> int:
@@ -315,11 +363,11 @@ class BufferPool:
         last call count as kept, within the bounds)."""
         now = self._clock()
         self._take_returned(now)
-        self._trim(now)
+        self._trim(now, self.free_for)
         return PoolStatistics(
             buffers_in_use=self._in_use,
             bytes_in_use=self._in_use_bytes,
-            free_buffers=len(self._free),
+            free_buffers=sum(map(len, self._free.values())),
             free_bytes=self._free_bytes,
             reused=self._reused,
             created=self._created,

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import ctypes
 import gc
+import mmap
 import pickle
 import random
+import sys
 import threading
 from typing import Any
 
@@ -48,14 +50,16 @@ def test_size_class(nbytes: int) -> None:
     assert size_class(size) == size
 
 
-@pytest.mark.parametrize("nbytes", [0, 100, MiB - 1, MiB, 5 * MiB + 3])
+@pytest.mark.parametrize("nbytes", [0, 100, 65536, 65537, MiB - 1, MiB, 5 * MiB + 3])
 def test_frames_are_exact_writable_flat_buffers(nbytes: int) -> None:
     pool = BufferPool()
     view = allocate(pool, nbytes)  # the decoder's own check
     assert view.nbytes == nbytes and not view.readonly and view.format == "B"
     view[:] = b"\xab" * nbytes
     assert bytes(view) == b"\xab" * nbytes
-    pooled = nbytes >= MiB
+    # by default, frames larger than the default read-ahead buffer are pooled
+    pooled = nbytes > 65536
+    assert (type(view.obj) is bytearray) is not pooled
     assert pool.statistics().buffers_in_use == int(pooled)
     assert pool.statistics().created == int(pooled)
 
@@ -210,6 +214,63 @@ def test_free_memory_is_released_after_free_for() -> None:
     assert pool.statistics().bytes_in_use == len(memoryview(held).obj) == MiB
 
 
+def test_slabs_of_every_class_are_kept_and_the_oldest_go_first() -> None:
+    clock = Clock()
+    pool = BufferPool(max_free_bytes=6 * MiB, free_for=10.0, clock=clock)
+    sizes = [MiB, 2 * MiB, 3 * MiB, MiB, 2 * MiB]
+    frames = [pool(n) for n in sizes]
+    addresses = [address(f) for f in frames]
+    for when, index in enumerate([0, 1, 2, 3, 4]):  # released one a second
+        clock.now = float(when)
+        frames[index] = None  # type: ignore[call-overload]
+        pool.statistics()
+    # 9 MiB released, 6 kept: the 1 MiB (t=0) and 2 MiB (t=1) ones released first went
+    stats = pool.statistics()
+    assert (stats.free_bytes, stats.free_buffers, stats.released) == (6 * MiB, 3, 2)
+    # each class serves the slab released last first
+    again = [pool(2 * MiB), pool(MiB)]
+    assert [address(f) for f in again] == [addresses[4], addresses[3]]
+    clock.now = 12.5  # the 3 MiB one, released at t=2, is older than free_for
+    assert pool.trim(None) == 3 * MiB
+    assert pool.statistics().free_buffers == 0
+    assert pool.statistics().buffers_in_use == 2
+
+
+def linux_lazy_free_bytes() -> int:
+    """The LazyFree line of /proc/self/smaps_rollup (memory marked MADV_FREE)."""
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("LazyFree:"):
+                return int(line.split()[1]) * 1024
+    raise AssertionError("no LazyFree in smaps_rollup")
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or not hasattr(mmap, "MADV_FREE"),
+    reason="MADV_FREE and smaps_rollup are Linux's",
+)
+def test_large_kept_slabs_are_lazily_free() -> None:
+    """A released slab of 2 MiB or more is marked MADV_FREE (the kernel may take its
+    pages back), and its next frame still gets the bytes written into it, whatever
+    the kernel did; smaller slabs are kept as they are (marking costs more)."""
+    pool = BufferPool()
+    small = pool(MiB)
+    large = pool(8 * MiB)
+    fill(small, 1)
+    fill(large, 2)
+    before = linux_lazy_free_bytes()
+    del small
+    pool.statistics()
+    assert linux_lazy_free_bytes() == before
+    del large
+    pool.statistics()
+    assert linux_lazy_free_bytes() >= before + 7 * MiB
+    again = pool(8 * MiB)
+    assert pool.statistics().reused == 1
+    data = fill(again, 3)
+    assert bytes(again) == data
+
+
 def test_trim() -> None:
     clock = Clock()
     pool = BufferPool(free_for=None, clock=clock)
@@ -256,6 +317,26 @@ def test_address_space_exhausted_is_memory_error() -> None:
     pool = BufferPool()
     with pytest.raises(MemoryError):
         pool(1 << 62)
+
+
+def test_frames_go_to_the_fallback_when_no_memory_can_be_mapped(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Out of mappings (each slab in use may take one of vm.max_map_count's) the
+    frame comes from the fallback, which may still have room."""
+    import anyio_comm._sansio.pool as pool_module
+
+    def no_mapping(nbytes: int) -> mmap.mmap:
+        raise MemoryError(f"cannot map {nbytes} bytes")
+
+    pool = BufferPool()
+    kept = pool(MiB)
+    monkeypatch.setattr(pool_module, "map_anonymous", no_mapping)
+    frame = pool(2 * MiB)
+    assert type(frame) is bytearray and len(frame) == 2 * MiB
+    del kept
+    assert type(memoryview(pool(MiB)).obj) is not bytearray  # a kept slab: no mapping
+    assert pool.statistics().created == 1
 
 
 def test_the_decoders_fast_paths_stay_on_with_a_pool() -> None:
