@@ -13,6 +13,8 @@ of each case. Systems (``benchmarks/systems/``, one module each):
   ``recv_into``/``sendmsg`` (backend ``threads``);
 * ``floor-reader`` (diagnostic, only when named in ``--systems``): the asyncio
   floor's server with its own sockets, read in ``loop.add_reader`` callbacks;
+* ``floor-blocking-reuse`` (diagnostic): the blocking floor receiving each
+  frame into the same buffer every message (no allocation, no page faults);
 * ``anyio-streams``: plain AnyIO TCP streams (``TLSStream`` over TLS);
 * ``dask``: ``distributed.comm`` over ``tcp://`` / ``tls://`` on asyncio;
 * ``zmq``: pyzmq DEALER/ROUTER with ``zmq.asyncio`` (plain TCP only).

@@ -111,6 +111,16 @@ SYSTEMS: dict[str, System] = {
             description="blocking sockets, a thread per connection, recv_into/sendmsg",
         ),
         System(
+            "floor-blocking-reuse",
+            ("threads",),
+            ("threads",),
+            (("threads", "floor_blocking_reuse"),),
+            blocking=True,
+            diagnostic=True,
+            description="floor-blocking receiving each frame into the same buffer every "
+            "message (allocated and faulted in once): the sockets' own cost",
+        ),
+        System(
             "anyio-streams",
             ASYNC_BACKENDS,
             ASYNC_BACKENDS,

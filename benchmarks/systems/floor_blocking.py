@@ -44,8 +44,8 @@ def _receive(sock: socket.socket, reader: FrameReader) -> list[Any]:
             return done[0][1]
 
 
-def _echo(sock: socket.socket, cell: list[int]) -> None:
-    reader = FrameReader()
+def _echo(sock: socket.socket, cell: list[int], reuse: bool) -> None:
+    reader = FrameReader(reuse=reuse)
     with sock, contextlib.suppress(EOFError, OSError):
         while True:
             nbytes = sock.recv_into(reader.get_buffer())
@@ -57,8 +57,16 @@ def _echo(sock: socket.socket, cell: list[int]) -> None:
                 cell[0] += 1
 
 
-def run_server(case: Any, ssl_context: ssl.SSLContext | None, counter: Any, ready: Any) -> None:
-    """Accept forever; echo each connection in its own daemon thread."""
+def run_server(
+    case: Any,
+    ssl_context: ssl.SSLContext | None,
+    counter: Any,
+    ready: Any,
+    *,
+    reuse: bool = False,
+) -> None:
+    """Accept forever; echo each connection in its own daemon thread (``reuse``:
+    each frame read into the buffer of the previous message's, see FrameReader)."""
     listener = socket.create_server(("127.0.0.1", 0), backlog=128)
     host, port = listener.getsockname()[:2]
     ready(f"tcp://{host}:{port}")
@@ -69,11 +77,16 @@ def run_server(case: Any, ssl_context: ssl.SSLContext | None, counter: Any, read
             sock = ssl_context.wrap_socket(sock, server_side=True)
         cell = [0]  # one counter per thread: no lost updates between threads
         counter.cells.append(cell)
-        threading.Thread(target=_echo, args=(sock, cell), daemon=True).start()
+        threading.Thread(target=_echo, args=(sock, cell, reuse), daemon=True).start()
 
 
 def open_blocking(
-    stack: contextlib.ExitStack, address: str, case: Any, ssl_context: ssl.SSLContext | None
+    stack: contextlib.ExitStack,
+    address: str,
+    case: Any,
+    ssl_context: ssl.SSLContext | None,
+    *,
+    reuse: bool = False,
 ) -> Callable[[], None]:
     """One blocking connection; the returned function does one round trip."""
     host, port = host_port(address)
@@ -84,7 +97,7 @@ def open_blocking(
         sock = ssl_context.wrap_socket(sock, server_hostname=host)
     stack.callback(sock.close)
     buffers, total = request(case)
-    reader = FrameReader()
+    reader = FrameReader(reuse=reuse)
     checker = Checker(case.size, case.frames)
 
     def roundtrip() -> None:

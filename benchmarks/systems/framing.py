@@ -62,9 +62,14 @@ class FrameReader:
     ``buffer_updated`` returns the messages completed, each as
     ``(header, frames)`` where ``header`` is the raw count and lengths (ready to
     be sent back as is) and ``frames`` the frame buffers.
+
+    With ``reuse``, a large frame goes into the same buffer as the frame of the
+    same place and length in the previous message (allocated, and faulted in,
+    once): only for callers done with a message before they read the next.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, *, reuse: bool = False) -> None:
+        self._reuse: dict[tuple[int, int], bytearray] | None = {} if reuse else None
         self._scratch = bytearray(SCRATCH_SIZE)
         self._view = memoryview(self._scratch)
         self._start = 0  # first unparsed byte in the scratch buffer
@@ -124,7 +129,7 @@ class FrameReader:
                     frames.append(scratch[start : start + length])
                     self._start = start + length
                     continue
-                frame = bytearray(length)
+                frame = self._new_frame(len(frames), length)
                 frame[:available] = view[start : self._end]
                 self._start = self._end
                 frames.append(frame)
@@ -132,6 +137,14 @@ class FrameReader:
                 return done
             done.append((self._header, frames))
             self._header = None
+
+    def _new_frame(self, index: int, length: int) -> bytearray:
+        if self._reuse is None:
+            return bytearray(length)
+        frame = self._reuse.get((index, length))
+        if frame is None:
+            frame = self._reuse[index, length] = bytearray(length)
+        return frame
 
 
 def advance(buffers: list[Any], sent: int) -> list[Any]:
