@@ -3,8 +3,9 @@
 :mod:`benchmarks.systems.floor_blocking` with ``reuse``: a large frame is read
 into the buffer of the frame of the same place and length in the previous
 message, allocated (and faulted in) once per connection. What is left is the
-kernel's copies and wake-ups and a thread's loop: the most a Python program can
-get out of these sockets, to read a row against when no system reaches its target.
+kernel's copies and wake-ups and a thread's loop, with no allocation at all: a row
+to read a large-message target against when no system reaches it (not a ceiling:
+with large frames the event loops overlap the two sides' copies better).
 """
 
 from __future__ import annotations
