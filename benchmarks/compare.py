@@ -80,6 +80,11 @@ QUICK_TLS = ((1_000, 4), (1_000_000, 1))  # (size, concurrency) of the --quick T
 MANY = (8_000, 200)  # (frame size, connections) of the many-connections workload
 TLS_VERSION = "1.3"
 STRETCH = 20.0  # most seconds a window waits past its end for its first round trip
+# The warm-up also lasts until the connections made this many round trips each (the
+# first large messages fault their buffers in: 5 x 10 MB over four connections ran at
+# half its rate when measured right after 0.3 s), up to WARMUP_EXTRA more seconds.
+WARMUP_ROUND_TRIPS = 8
+WARMUP_EXTRA = 5.0
 
 
 @dataclass(frozen=True)
@@ -160,12 +165,20 @@ def server_main(conn: Connection, case: Case, tls: TLSFiles | None, lifetime: fl
 
 @dataclass
 class _Window:
-    """Measurement window shared by the client's connections."""
+    """Measurement window shared by the client's connections.
+
+    ``start`` and ``end`` are relative until :meth:`begin`; the warm-up then
+    lasts until ``start`` and until ``warm_round_trips`` round trips were made
+    (:meth:`warmed`), when :meth:`restart` moves the window to begin there.
+    """
 
     start: float
     end: float
     max_count: int
+    warm_round_trips: int = 0
     latencies: list[float] = field(default_factory=list)
+    round_trips: int = 0  # made so far, warm-up included
+    measuring: bool = False  # restart() was called: the warm-up is over
 
     def record(self, t0: float, t1: float) -> bool:
         """Record a round trip from t0 to t1; False once the window is over.
@@ -173,6 +186,9 @@ class _Window:
         A window in which no round trip completed (very large messages on a busy
         machine) is stretched to the end of the first one, up to ``STRETCH`` seconds.
         """
+        self.round_trips += 1
+        if not self.measuring:
+            return True
         if t1 >= self.end and (self.latencies or t1 >= self.end + STRETCH):
             return False
         if t1 >= self.start:
@@ -186,6 +202,22 @@ class _Window:
         """Make ``start`` and ``end``, so far relative, count from now."""
         self.start += time.perf_counter()
         self.end += self.start
+
+    def warmed(self) -> bool:
+        """Whether the warm-up is over: its time passed, and its round trips were
+        made or it ran ``WARMUP_EXTRA`` seconds longer."""
+        now = time.perf_counter()
+        if now < self.start:
+            return False
+        return self.round_trips >= self.warm_round_trips or now >= self.start + WARMUP_EXTRA
+
+    def restart(self) -> None:
+        """Begin the window now (the warm-up outlasted ``start``), as long as before."""
+        now = time.perf_counter()
+        if now > self.start:
+            self.end += now - self.start
+            self.start = now
+        self.measuring = True
 
     def open(self) -> bool:
         """Whether the window is still open (or stretched, waiting for a first round trip)."""
@@ -214,11 +246,14 @@ async def _async_load(
                 if not window.record(t0, time.perf_counter()):
                     return
 
-        with anyio.fail_after(window.end - time.perf_counter() + STRETCH + STARTUP_TIMEOUT):
+        deadline = window.end - time.perf_counter() + WARMUP_EXTRA + STRETCH + STARTUP_TIMEOUT
+        with anyio.fail_after(deadline):
             async with anyio.create_task_group() as tg:
                 for roundtrip in roundtrips:
                     tg.start_soon(worker, roundtrip)
-                await anyio.sleep(max(0.0, window.start - time.perf_counter()))
+                while not window.warmed():  # noqa: ASYNC110 (a count or a deadline)
+                    await anyio.sleep(max(0.005, min(0.02, window.start - time.perf_counter())))
+                window.restart()
                 cpu0 = time.process_time()
                 conn.send("mark")
                 while window.open():  # noqa: ASYNC110 (a deadline that may be stretched)
@@ -256,7 +291,9 @@ def _blocking_load(
             thread.start()
         window.begin()  # once every thread runs: starting 200 of them takes a while
         go.set()
-        time.sleep(max(0.0, window.start - time.perf_counter()))
+        while not window.warmed() and not errors:
+            time.sleep(max(0.005, min(0.02, window.start - time.perf_counter())))
+        window.restart()
         cpu0 = time.process_time()
         conn.send("mark")
         while window.open() and not errors:
@@ -280,7 +317,12 @@ def client_main(
     """Entry point of the client process: run the load, return the measurements."""
     ssl_context = client_context(tls, case.tls)
     # made absolute (begin) when the connections are open
-    window = _Window(start=timing.warmup, end=timing.seconds, max_count=timing.max_count)
+    window = _Window(
+        start=timing.warmup,
+        end=timing.seconds,
+        max_count=timing.max_count,
+        warm_round_trips=WARMUP_ROUND_TRIPS * case.concurrency,
+    )
     if SYSTEMS[case.system].blocking:
         cpu0, cpu1 = _blocking_load(conn, case, address, ssl_context, window)
     else:
@@ -303,7 +345,7 @@ def run_case(
     tls: TLSFiles | None,
 ) -> dict[str, Any]:
     """Run one case in a fresh server process and a fresh client process."""
-    timing = Timing(args.seconds, args.warmup, args.max_count, STRETCH)
+    timing = Timing(args.seconds, args.warmup, args.max_count, STRETCH + WARMUP_EXTRA)
     entry_points = (server_main, client_main)
     return _harness.run_round_trips(ctx, case.system, cpus, entry_points, case, tls, timing)
 
@@ -505,7 +547,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add("--tls", choices=("off", "on", "both"), default="both", help="TLS cases (default: both)")
     add("--seconds", type=float, help="measured seconds per case (default 1, --quick 0.5)")
-    add("--warmup", type=float, help="warm-up seconds per case (default 0.3, --quick 0.2)")
+    add(
+        "--warmup",
+        type=float,
+        help="warm-up seconds per case (default 0.3, --quick 0.2), and at least "
+        f"{WARMUP_ROUND_TRIPS} round trips per connection (up to {WARMUP_EXTRA:g} s more)",
+    )
     add(
         "--gil-hold",
         action="store_true",

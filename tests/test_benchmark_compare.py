@@ -1,0 +1,73 @@
+"""The comparison's measurement window (``benchmarks.compare._Window``): its warm-up
+lasts a time and a number of round trips, and only what follows it is measured."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks import compare
+from benchmarks.compare import WARMUP_EXTRA, _Window
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> _Clock:
+    clock = _Clock()
+    monkeypatch.setattr(compare.time, "perf_counter", clock)
+    return clock
+
+
+def _window(clock: _Clock, warm_round_trips: int) -> _Window:
+    window = _Window(start=0.3, end=1.0, max_count=1000, warm_round_trips=warm_round_trips)
+    window.begin()
+    assert (window.start, window.end) == (100.3, 101.3)
+    return window
+
+
+def test_the_warm_up_lasts_until_its_round_trips(clock: _Clock) -> None:
+    window = _window(clock, warm_round_trips=3)
+    clock.now = 100.5
+    assert window.record(100.0, 100.5)  # past the start, but warming up: not measured
+    assert not window.warmed()
+    clock.now = 101.5  # past the original end: the window still goes on
+    assert window.record(100.5, 101.5)
+    assert not window.warmed()
+    assert window.record(101.5, 101.5)
+    assert window.warmed()
+    assert window.latencies == []
+    window.restart()
+    assert (window.start, window.end) == (101.5, 102.5)
+    assert window.record(101.5, 101.7)
+    assert window.latencies == pytest.approx([0.2])
+    clock.now = 102.6
+    assert not window.record(101.7, 102.6)  # past the end: the window is over
+    assert window.latencies == pytest.approx([0.2])
+
+
+def test_the_warm_up_lasts_its_time_when_the_round_trips_come_first(clock: _Clock) -> None:
+    window = _window(clock, warm_round_trips=1)
+    clock.now = 100.1
+    assert window.record(100.0, 100.1)
+    assert not window.warmed()
+    clock.now = 100.3
+    assert window.warmed()
+    window.restart()
+    assert (window.start, window.end) == (100.3, 101.3)
+
+
+def test_the_warm_up_ends_after_its_extra_time_without_its_round_trips(clock: _Clock) -> None:
+    window = _window(clock, warm_round_trips=10)
+    clock.now = 100.3 + WARMUP_EXTRA - 0.01
+    assert not window.warmed()
+    clock.now = 100.3 + WARMUP_EXTRA
+    assert window.warmed()
+    window.restart()
+    assert window.start == pytest.approx(100.3 + WARMUP_EXTRA)
+    assert window.end - window.start == pytest.approx(1.0)
