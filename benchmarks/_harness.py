@@ -308,8 +308,8 @@ async def serve_one(
 @dataclass(frozen=True)
 class Timing:
     """The measurement of a round-trip case: ``warmup`` seconds, then ``seconds`` or
-    ``max_count`` round trips, whichever comes first (``stretch``: seconds a window may wait
-    past its end for its first round trip)."""
+    ``max_count`` round trips, whichever comes first (``stretch``: seconds a case may run
+    past ``warmup + seconds``: a longer warm-up, a window waiting for its first round trip)."""
 
     seconds: float
     warmup: float

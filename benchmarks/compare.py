@@ -14,7 +14,10 @@ of each case. Systems (``benchmarks/systems/``, one module each):
 * ``floor-reader`` (diagnostic, only when named in ``--systems``): the asyncio
   floor's server with its own sockets, read in ``loop.add_reader`` callbacks;
 * ``floor-blocking-reuse`` (diagnostic): the blocking floor receiving each
-  frame into the same buffer every message (no allocation, no page faults);
+  frame into the same buffer every message (no frame buffer allocated, nor
+  faulted in, after the first message);
+* ``anyio-comm-pull`` and ``anyio-comm-nopool`` (diagnostic): anyio-comm with
+  its pull receive engine, and with fresh memory per frame instead of its pool;
 * ``anyio-streams``: plain AnyIO TCP streams (``TLSStream`` over TLS);
 * ``dask``: ``distributed.comm`` over ``tcp://`` / ``tls://`` on asyncio;
 * ``zmq``: pyzmq DEALER/ROUTER with ``zmq.asyncio`` (plain TCP only).
@@ -80,9 +83,10 @@ QUICK_TLS = ((1_000, 4), (1_000_000, 1))  # (size, concurrency) of the --quick T
 MANY = (8_000, 200)  # (frame size, connections) of the many-connections workload
 TLS_VERSION = "1.3"
 STRETCH = 20.0  # most seconds a window waits past its end for its first round trip
-# The warm-up also lasts until the connections made this many round trips each (the
-# first large messages fault their buffers in: 5 x 10 MB over four connections ran at
-# half its rate when measured right after 0.3 s), up to WARMUP_EXTRA more seconds.
+# The warm-up also lasts until the connections made this many round trips per
+# connection, counted together (the first large messages fault their buffers in:
+# 5 x 10 MB over four connections ran at half its rate when measured right after
+# 0.3 s), up to WARMUP_EXTRA more seconds.
 WARMUP_ROUND_TRIPS = 8
 WARMUP_EXTRA = 5.0
 
@@ -183,6 +187,7 @@ class _Window:
     def record(self, t0: float, t1: float) -> bool:
         """Record a round trip from t0 to t1; False once the window is over.
 
+        Before :meth:`restart` it only counts the round trip (and returns True).
         A window in which no round trip completed (very large messages on a busy
         machine) is stretched to the end of the first one, up to ``STRETCH`` seconds.
         """
@@ -246,8 +251,8 @@ async def _async_load(
                 if not window.record(t0, time.perf_counter()):
                     return
 
-        deadline = window.end - time.perf_counter() + WARMUP_EXTRA + STRETCH + STARTUP_TIMEOUT
-        with anyio.fail_after(deadline):
+        limit = window.end - time.perf_counter() + WARMUP_EXTRA + STRETCH + STARTUP_TIMEOUT
+        with anyio.fail_after(limit):
             async with anyio.create_task_group() as tg:
                 for roundtrip in roundtrips:
                     tg.start_soon(worker, roundtrip)
@@ -550,8 +555,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add(
         "--warmup",
         type=float,
-        help="warm-up seconds per case (default 0.3, --quick 0.2), and at least "
-        f"{WARMUP_ROUND_TRIPS} round trips per connection (up to {WARMUP_EXTRA:g} s more)",
+        help="warm-up seconds per case (default 0.3, --quick 0.2); the warm-up also lasts "
+        f"{WARMUP_ROUND_TRIPS} round trips per connection, counted together "
+        f"(up to {WARMUP_EXTRA:g} s more)",
     )
     add(
         "--gil-hold",
@@ -571,6 +577,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.tls_sizes = args.tls_sizes or list(TLS_SIZES)
     args.seconds = args.seconds or (0.5 if quick else 1.0)
     args.warmup = args.warmup if args.warmup is not None else (0.2 if quick else 0.3)
+    args.warmup_round_trips = WARMUP_ROUND_TRIPS  # (recorded with the options)
     args.repeat = args.repeat or (1 if quick else 2)
     args.tls_modes = {"off": [None], "on": [TLS_VERSION], "both": [None, TLS_VERSION]}[args.tls]
     if args.no_many:
@@ -595,7 +602,8 @@ def main(argv: list[str] | None = None) -> int:
     run = _harness.start_run("compare", "comparison", argv, args.no_pin, versions=_versions())
     print(
         f"{len(cases)} cases x {args.repeat} repeats (interleaved, best rt/s kept), "
-        f"{args.seconds:g} s per case after {args.warmup:g} s warm-up",
+        f"{args.seconds:g} s per case after a warm-up of {args.warmup:g} s and "
+        f"{WARMUP_ROUND_TRIPS} round trips per connection",
         flush=True,
     )
     with _harness.certificates("compare-tls-" if any(c.tls for c in cases) else None) as tls_files:

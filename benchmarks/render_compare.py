@@ -461,7 +461,14 @@ def render(data: dict[str, Any]) -> str:
         (
             f"Run of {meta['date']}: `{' '.join(meta['command'])}`; {meta['cpu_count']} CPUs "
             f"({meta['pinning']}), Python {meta['python'].split()[0]}, {versions}. "
-            f"{opts['seconds']:g} s per case after {opts['warmup']:g} s warm-up, best of "
+            f"{opts['seconds']:g} s per case after "
+            + (
+                f"a warm-up of {opts['warmup']:g} s and {opts['warmup_round_trips']} round "
+                "trips per connection"
+                if "warmup_round_trips" in opts
+                else f"{opts['warmup']:g} s warm-up"
+            )
+            + f", best of "
             f"{opts['repeat']} interleaved repeats. Load average before/after: "
             f"{meta['load_average_before']} / {meta['load_average_after']}."
             + (

@@ -3,10 +3,14 @@ lasts a time and a number of round trips, and only what follows it is measured."
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from benchmarks import compare
 from benchmarks.compare import WARMUP_EXTRA, _Window
+from benchmarks.render_compare import render as render_compare
 
 
 class _Clock:
@@ -71,3 +75,11 @@ def test_the_warm_up_ends_after_its_extra_time_without_its_round_trips(clock: _C
     window.restart()
     assert window.start == pytest.approx(100.3 + WARMUP_EXTRA)
     assert window.end - window.start == pytest.approx(1.0)
+
+
+def test_the_report_says_how_long_the_warm_up_lasted() -> None:
+    data = json.loads((Path(__file__).parents[1] / "docs/_generated/compare.json").read_text())
+    assert "after 0.3 s warm-up, best of" in render_compare(data)
+    data["metadata"]["options"]["warmup_round_trips"] = 8
+    report = render_compare(data)
+    assert "after a warm-up of 0.3 s and 8 round trips per connection, best of" in report

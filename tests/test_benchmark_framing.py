@@ -55,3 +55,24 @@ def test_without_reuse_every_large_frame_is_new() -> None:
     seconds = _feed(reader, _message([300_000], 1)[1], 65536)[0][1]
     assert firsts[0] is not seconds[0]
     assert bytes(firsts[0]) == bytes([0]) * 300_000
+
+
+@pytest.mark.parametrize("step", [4096, 65536, 10**7])
+def test_reuse_never_writes_into_a_message_before_it_is_returned(step: int) -> None:
+    # The floors' echo relies on it: a message holding reused buffers is returned
+    # before any byte of the next one is written into them (checked at each return).
+    reader = FrameReader(reuse=True)
+    messages = [_message([300_000, 20, 200_000], fill) for fill in range(0, 40, 10)]
+    stream = b"".join(wire for _, wire in messages)
+    expected = iter(frames for frames, _ in messages)
+    returned = 0
+    view = memoryview(stream)
+    while view:
+        buffer = reader.get_buffer()
+        n = min(step, len(buffer), len(view))
+        buffer[:n] = view[:n]
+        view = view[n:]
+        for _, got in reader.buffer_updated(n):
+            assert [bytes(f) for f in got] == next(expected)
+            returned += 1
+    assert returned == len(messages)

@@ -66,7 +66,7 @@ def run_server(
     reuse: bool = False,
 ) -> None:
     """Accept forever; echo each connection in its own daemon thread (``reuse``:
-    each frame read into the buffer of the previous message's, see FrameReader)."""
+    see :class:`FrameReader`)."""
     listener = socket.create_server(("127.0.0.1", 0), backlog=128)
     host, port = listener.getsockname()[:2]
     ready(f"tcp://{host}:{port}")

@@ -63,9 +63,10 @@ class FrameReader:
     ``(header, frames)`` where ``header`` is the raw count and lengths (ready to
     be sent back as is) and ``frames`` the frame buffers.
 
-    With ``reuse``, a large frame goes into the same buffer as the frame of the
-    same place and length in the previous message (allocated, and faulted in,
-    once): only for callers done with a message before they read the next.
+    With ``reuse``, a frame that does not come whole with the scratch buffer
+    goes into the same buffer as the frame of the same place and length in the
+    previous message (allocated, and faulted in, once): only for callers done
+    with a message before they read the next.
     """
 
     def __init__(self, *, reuse: bool = False) -> None:
