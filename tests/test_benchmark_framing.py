@@ -3,23 +3,30 @@ with and without reusing frame buffers (``floor-blocking-reuse``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from benchmarks.systems.framing import SCRATCH_SIZE, FrameReader, outgoing, pack_header
 
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
-def _feed(reader: FrameReader, data: bytes, step: int) -> list[tuple[bytes, list[Any]]]:
-    done = []
+
+def _messages(reader: FrameReader, data: bytes, step: int) -> Iterator[tuple[bytes, list[Any]]]:
+    """Feed ``data`` to ``reader`` ``step`` bytes at most at a time; yield each message
+    as soon as it is returned (before any later byte is written)."""
     view = memoryview(data)
     while view:
         buffer = reader.get_buffer()
         n = min(step, len(buffer), len(view))
         buffer[:n] = view[:n]
         view = view[n:]
-        done += reader.buffer_updated(n)
-    return done
+        yield from reader.buffer_updated(n)
+
+
+def _feed(reader: FrameReader, data: bytes, step: int) -> list[tuple[bytes, list[Any]]]:
+    return list(_messages(reader, data, step))
 
 
 def _message(sizes: list[int], fill: int) -> tuple[list[bytes], bytes]:
@@ -64,15 +71,7 @@ def test_reuse_never_writes_into_a_message_before_it_is_returned(step: int) -> N
     reader = FrameReader(reuse=True)
     messages = [_message([300_000, 20, 200_000], fill) for fill in range(0, 40, 10)]
     stream = b"".join(wire for _, wire in messages)
-    expected = iter(frames for frames, _ in messages)
-    returned = 0
-    view = memoryview(stream)
-    while view:
-        buffer = reader.get_buffer()
-        n = min(step, len(buffer), len(view))
-        buffer[:n] = view[:n]
-        view = view[n:]
-        for _, got in reader.buffer_updated(n):
-            assert [bytes(f) for f in got] == next(expected)
-            returned += 1
-    assert returned == len(messages)
+    expected = [frames for frames, _ in messages]
+    # strict: as many messages come back as were sent
+    for (_, got), frames in zip(_messages(reader, stream, step), expected, strict=True):
+        assert [bytes(f) for f in got] == frames
