@@ -13,9 +13,10 @@ of each case. Systems (``benchmarks/systems/``, one module each):
   ``recv_into``/``sendmsg`` (backend ``threads``);
 * ``floor-reader`` (diagnostic, only when named in ``--systems``): the asyncio
   floor's server with its own sockets, read in ``loop.add_reader`` callbacks;
-* ``floor-blocking-reuse`` (diagnostic): the blocking floor receiving each
-  frame into the same buffer every message (no frame buffer allocated, nor
-  faulted in, after the first message);
+* ``floor-blocking-reuse`` and ``floor-reuse`` (diagnostic): the blocking
+  floor and the event-loop floors receiving each frame into the same buffer
+  every message (no frame buffer allocated, nor faulted in, after the first
+  message);
 * ``anyio-comm-pull`` and ``anyio-comm-nopool`` (diagnostic): anyio-comm with
   its pull receive engine, and with fresh memory per frame instead of its pool;
 * ``anyio-streams``: plain AnyIO TCP streams (``TLSStream`` over TLS);

@@ -92,6 +92,15 @@ SYSTEMS: dict[str, System] = {
             "trio.socket recv_into/sendmsg (trio)",
         ),
         System(
+            "floor-reuse",
+            ASYNC_BACKENDS,
+            (),
+            tuple((backend, "floor_reuse") for backend in ASYNC_BACKENDS),
+            diagnostic=True,
+            description="the floor receiving each frame into the same buffer every message "
+            "(allocated and faulted in once): the sockets' and the event loop's own cost",
+        ),
+        System(
             "floor-reader",
             ("asyncio", "uvloop"),
             (),

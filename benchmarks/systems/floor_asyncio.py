@@ -78,10 +78,10 @@ class _Sender:
 
 
 class _EchoProtocol(_Sender, asyncio.BufferedProtocol):
-    def __init__(self, counter: Any) -> None:
+    def __init__(self, counter: Any, reuse: bool) -> None:
         super().__init__()
         self.counter = counter
-        self.reader = FrameReader()
+        self.reader = FrameReader(reuse=reuse)
 
     def get_buffer(self, sizehint: int) -> memoryview:  # noqa: ARG002
         return self.reader.get_buffer()
@@ -105,13 +105,21 @@ def run_loop(case: Any, main: Callable[[], Coroutine[Any, Any, None]]) -> None:
         asyncio.run(main())
 
 
-def run_server(case: Any, ssl_context: ssl.SSLContext | None, counter: Any, ready: Any) -> None:
-    """Serve on asyncio (or uvloop for the ``uvloop`` backend) until the process ends."""
+def run_server(
+    case: Any,
+    ssl_context: ssl.SSLContext | None,
+    counter: Any,
+    ready: Any,
+    *,
+    reuse: bool = False,
+) -> None:
+    """Serve on asyncio (or uvloop for the ``uvloop`` backend) until the process ends
+    (``reuse``: see :class:`FrameReader`)."""
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
-            lambda: _EchoProtocol(counter), "127.0.0.1", 0, ssl=ssl_context
+            lambda: _EchoProtocol(counter, reuse), "127.0.0.1", 0, ssl=ssl_context
         )
         host, port = server.sockets[0].getsockname()[:2]
         ready(f"tcp://{host}:{port}")
@@ -121,9 +129,9 @@ def run_server(case: Any, ssl_context: ssl.SSLContext | None, counter: Any, read
 
 
 class _ClientProtocol(_Sender, asyncio.BufferedProtocol):
-    def __init__(self) -> None:
+    def __init__(self, reuse: bool) -> None:
         super().__init__()
-        self.reader = FrameReader()
+        self.reader = FrameReader(reuse=reuse)
         self.waiter: asyncio.Future[list[Any]] | None = None
         self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
@@ -143,13 +151,18 @@ class _ClientProtocol(_Sender, asyncio.BufferedProtocol):
 
 
 async def open_client(
-    stack: contextlib.AsyncExitStack, address: str, case: Any, ssl_context: ssl.SSLContext | None
+    stack: contextlib.AsyncExitStack,
+    address: str,
+    case: Any,
+    ssl_context: ssl.SSLContext | None,
+    *,
+    reuse: bool = False,
 ) -> Callable[[], Awaitable[None]]:
     """One connection; runs on the asyncio loop of the calling (AnyIO asyncio) task."""
     host, port = host_port(address)
     loop = asyncio.get_running_loop()
     transport, protocol = await loop.create_connection(
-        _ClientProtocol,
+        lambda: _ClientProtocol(reuse),
         host,
         port,
         ssl=ssl_context,

@@ -38,15 +38,23 @@ async def _receive(sock: trio.socket.SocketType, reader: FrameReader) -> list[An
             return done[0][1]
 
 
-def run_server(case: Any, ssl_context: ssl.SSLContext | None, counter: Any, ready: Any) -> None:
-    """Serve on trio until the process ends (no TLS: this floor is plain TCP only)."""
+def run_server(
+    case: Any,
+    ssl_context: ssl.SSLContext | None,
+    counter: Any,
+    ready: Any,
+    *,
+    reuse: bool = False,
+) -> None:
+    """Serve on trio until the process ends (no TLS: this floor is plain TCP only;
+    ``reuse``: see :class:`FrameReader`)."""
     import trio
 
     if ssl_context is not None:
         raise ValueError("the trio floor has no TLS variant")
 
     async def echo(sock: trio.socket.SocketType) -> None:
-        reader = FrameReader()
+        reader = FrameReader(reuse=reuse)
         with sock, contextlib.suppress(EOFError, OSError):
             while True:
                 nbytes = await sock.recv_into(reader.get_buffer())
@@ -73,7 +81,12 @@ def run_server(case: Any, ssl_context: ssl.SSLContext | None, counter: Any, read
 
 
 async def open_client(
-    stack: contextlib.AsyncExitStack, address: str, case: Any, ssl_context: ssl.SSLContext | None
+    stack: contextlib.AsyncExitStack,
+    address: str,
+    case: Any,
+    ssl_context: ssl.SSLContext | None,
+    *,
+    reuse: bool = False,
 ) -> Callable[[], Awaitable[None]]:
     """One connection; runs under the trio loop of the calling (AnyIO trio) task."""
     import trio
@@ -83,7 +96,7 @@ async def open_client(
     await sock.connect(host_port(address))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     buffers, total = request(case)
-    reader = FrameReader()
+    reader = FrameReader(reuse=reuse)
     checker = Checker(case.size, case.frames)
 
     async def roundtrip() -> None:
