@@ -27,6 +27,9 @@ There are two places bytes can land:
   are missing, :meth:`get_buffer` returns the unfilled tail of the frame buffer
   itself, so the kernel copies those bytes exactly once, into their final
   place. At most one read-ahead buffer's worth of a large frame is ever copied.
+  A :class:`~anyio_comm._sansio.pool.BufferPool` places such a buffer at the
+  phase of the frame's offset in its message (modulo 64 bytes), where the
+  kernel's copy runs fastest (see the pool's module).
 
 Limits are checked on the header, before anything is allocated for the
 message: the frame count before the length table is read, and every frame
@@ -69,12 +72,14 @@ bytes. Bytes after a bad header are never parsed as a header of their own.
 from __future__ import annotations
 
 import enum
+from functools import partial
+from itertools import accumulate
 from typing import Final, NoReturn
 
 from .budget import FRAME_COST, BudgetAccount
 from .buffers import Allocator, allocate, default_allocator
 from .errors import RemoteProtocolError
-from .pool import BufferPool
+from .pool import ALIGNMENT, BufferPool
 from .wire import (
     LENGTHS,
     MAGIC,
@@ -183,6 +188,8 @@ class FrameDecoder:
         "_index",
         "_lengths",
         "_limits",
+        "_pool",
+        "_positions",
         "_reserved",
         "_small",
         "_start",
@@ -215,6 +222,9 @@ class FrameDecoder:
             and allocator.small_frames_are_bytearrays
             and allocator.min_size > read_buffer_size
         )
+        # A pool places the buffers of frames read directly at the phase of their
+        # offset in the message (see _start_frame).
+        self._pool = allocator if isinstance(allocator, BufferPool) else None
         # Largest single frame the one-frame fast path of next_message() may
         # take without the general limit checks (-1: never).
         limits = self._limits
@@ -239,6 +249,8 @@ class FrameDecoder:
         self._target: memoryview | None = None
         self._filled = 0
         self._lengths: tuple[int, ...] = ()
+        # the offset of each frame in its message (and its end), once wanted
+        self._positions: list[int] | None = None
         self._frames: list[memoryview] = []
         # A many-frame message (state PACKED: see the module) keeps the bytes
         # of its frames shorter than PACK_BELOW back to back in _small, and only
@@ -612,7 +624,19 @@ class FrameDecoder:
         move the part of it in the read-ahead buffer there (all of that buffer's
         bytes: they are this frame's, and more of it is missing)."""
         index = self._index if self._state is _PACKED else len(self._frames)
-        target = self._target = allocate(self._allocator, self._lengths[index])
+        length = self._lengths[index]
+        pool = self._pool
+        if pool is None:
+            target = allocate(self._allocator, length)
+        else:
+            # At the phase of its offset in the message (see pool.ALIGNMENT).
+            positions = self._positions
+            if positions is None:
+                lengths = self._lengths
+                start = 4 + 8 * len(lengths)  # the frame count and length table
+                positions = self._positions = list(accumulate(lengths, initial=start))
+            target = allocate(partial(pool.aligned, phase=positions[index] % ALIGNMENT), length)
+        self._target = target
         self.frame_buffer_due = False
         start = self._start
         taken = self._end - start
@@ -638,6 +662,7 @@ class FrameDecoder:
                 f"{limits.max_message_size} bytes per message"
             )
         self._lengths = lengths
+        self._positions = None
         self._frames = []
         self._target = None
         self._filled = 0

@@ -38,6 +38,21 @@ address space; the pages past ``n`` are not touched by the receive, so they
 cost no memory until a larger frame of the same class uses them). A slab
 serves frames of its class only.
 
+Alignment: the kernel copies a socket's bytes to and from user memory several
+times faster when source and destination lie at the same offset modulo 32 bytes
+than when they do not (measured: a 10 MB frame echoed with one connection, 79-99
+round trips a second at the worst phases, 205-218 at the matching one).
+:meth:`BufferPool.aligned` places a frame at a chosen ``phase`` modulo
+:data:`ALIGNMENT`, and the decoder chooses the frame's offset in its message: a
+message sent with one ``sendmsg`` lies in the sender's socket pages at its own
+offsets whenever the kernel starts a page afresh for it (on loopback and Unix
+sockets, in request/reply exchanges: the previous message's pages were
+consumed), so its receive is copied in phase, and so is a frame sent on in a
+message whose header has the same length (an echo, a forwarded message).
+A frame whose phase would make it span one more page (a frame of a whole number
+of pages) or leave the slab of its size class stays at phase 0: its memory is
+never more than at phase 0. Calling the pool places a frame at phase 0.
+
 Bounds: the pool keeps at most ``max_free_bytes`` of slabs that nothing holds
 (counted in slab sizes), and :meth:`BufferPool.trim` releases those unused for
 ``free_for`` seconds (every allocation does too). A kept slab of 2 MiB or more
@@ -88,7 +103,7 @@ if TYPE_CHECKING:
     from ._buffer import Buffer
     from .buffers import Allocator
 
-__all__ = ["BufferPool", "PoolStatistics", "size_class"]
+__all__ = ["ALIGNMENT", "BufferPool", "PoolStatistics", "size_class"]
 
 #: frames of at least this many bytes are pooled, by default: those larger than the
 #: default read-ahead buffer (64 KiB), which are received straight into their own
@@ -100,6 +115,9 @@ DEFAULT_MAX_FREE_BYTES: Final = 256 * 1024 * 1024
 DEFAULT_FREE_FOR: Final = 10.0
 #: slabs are multiples of this (a page)
 _PAGE: Final = mmap.PAGESIZE
+#: :meth:`BufferPool.aligned` places a buffer at a phase modulo this many bytes
+#: (a cache line; the kernel's copies are sensitive to the phase modulo 32)
+ALIGNMENT: Final = 64
 #: slabs of at least a (transparent) huge page ask the kernel for huge pages
 _HUGE_PAGE: Final = 2 * 1024 * 1024
 _MADV_HUGEPAGE: Final = getattr(mmap, "MADV_HUGEPAGE", None)
@@ -238,18 +256,38 @@ class BufferPool:
     def __call__(self, nbytes: int) -> Buffer:
         """A writable buffer of exactly ``nbytes`` bytes (not zero-filled when reused;
         below ``min_size``, or when no memory can be mapped, what ``fallback``
-        returns).
+        returns), starting at a multiple of :data:`ALIGNMENT`.
 
         Raises:
             MemoryError: the memory (or address space) is not available, from
                 the pool nor from ``fallback``.
         """
+        return self.aligned(nbytes, 0)
+
+    def aligned(self, nbytes: int, phase: int) -> Buffer:
+        """As calling the pool, but a pooled buffer starts ``phase`` bytes past a
+        multiple of :data:`ALIGNMENT` (see the module; ``fallback`` knows nothing
+        of it), unless that would make it span one more page than at phase 0 (a
+        huge page for slabs of 2 MiB and more) or not fit the slab of its size
+        class: then at phase 0, so that a frame's memory never grows for its phase.
+
+        Raises:
+            ValueError: ``phase`` is not in ``range(ALIGNMENT)``.
+            MemoryError: the memory (or address space) is not available, from
+                the pool nor from ``fallback``.
+        """
+        if not 0 <= phase < ALIGNMENT:
+            raise ValueError(f"phase must be in range({ALIGNMENT}), got {phase}")
         if nbytes < self.min_size:
             return self._fallback(nbytes)
         now = self._clock()
         if self._returned:
             self._take_returned(now)
         size = size_class(nbytes)
+        if phase:
+            page = _HUGE_PAGE if size >= _HUGE_PAGE else _PAGE
+            if nbytes + phase > size or -(-nbytes // page) != -(-(nbytes + phase) // page):
+                phase = 0
         kept = self._free.get(size)
         if kept:
             slab = kept.pop()[1]
@@ -280,7 +318,7 @@ class BufferPool:
         self._live[id(ref)] = (ref, slab)
         self._in_use += 1
         self._in_use_bytes += size
-        return memoryview(handle).cast("B")[:nbytes]
+        return memoryview(handle).cast("B")[phase : phase + nbytes]
 
     def _release(self, ref: weakref.ref[ctypes.Array[ctypes.c_ubyte]]) -> None:
         """The callback of a frame's handle's weak reference (nothing holds the

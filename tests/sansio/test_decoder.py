@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
+from itertools import accumulate
+
 import pytest
 
-from anyio_comm import Limits, RemoteProtocolError
+from anyio_comm import BufferPool, Limits, RemoteProtocolError
 from anyio_comm._sansio.decoder import EndOfData, FrameDecoder
+from anyio_comm._sansio.pool import ALIGNMENT
 from anyio_comm._sansio.wire import MAGIC, encode_header, encode_preamble
 
 PREAMBLE = encode_preamble(Limits())
@@ -541,3 +545,40 @@ def test_received_in_message_counts_what_arrived(lengths: list[int], step: int) 
         fed += n
         assert decoder.next_message() is None
         assert decoder.received_in_message == fed
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [[13, 300_000], [37, 200_000, 200_000, 5, 100_001], [70_000] * 3, [1, 2, 3] * 12 + [90_000]],
+)
+def test_frames_read_directly_into_a_pool_start_at_their_offset_in_the_message(
+    lengths: list[int],
+) -> None:
+    """A pooled frame's buffer lies at the phase (modulo ALIGNMENT) of its offset in
+    its message, so that the kernel's copy from the sender's pages is in phase, and
+    every byte still lands where it belongs (the last case: a many-frame message)."""
+    pool = BufferPool()
+    d = FrameDecoder(read_buffer_size=4096, allocator=pool)
+    d.feed(PREAMBLE)
+    assert d.next_handshake() is not None
+    frames = [bytes([i % 251]) * length for i, length in enumerate(lengths)]
+    header = encode_header(lengths)
+    offsets = list(accumulate(lengths, initial=len(header)))
+    for _ in range(2):  # the second time into reused slabs
+        view = memoryview(header + b"".join(frames))
+        received = None
+        while received is None:
+            buf = d.get_buffer()
+            n = min(len(buf), len(view), 50_000)
+            buf[:n] = view[:n]
+            d.buffer_updated(n)
+            view = view[n:]
+            received = d.next_message()
+        assert [bytes(f) for f in received] == frames
+        pooled = [i for i, f in enumerate(received) if type(f.obj) is not bytearray]
+        assert pooled == [i for i, length in enumerate(lengths) if length >= pool.min_size]
+        for i in pooled:
+            where = ctypes.addressof(ctypes.c_char.from_buffer(received[i]))
+            assert where % ALIGNMENT == offsets[i] % ALIGNMENT
+        del received
+    assert pool.statistics().reused == len(pooled)

@@ -10,13 +10,14 @@ import pickle
 import random
 import sys
 import threading
+from functools import partial
 from typing import Any
 
 import pytest
 
 from anyio_comm import BufferPool, PoolStatistics
 from anyio_comm._sansio.buffers import allocate
-from anyio_comm._sansio.pool import size_class
+from anyio_comm._sansio.pool import ALIGNMENT, size_class
 
 MiB = 1024 * 1024
 
@@ -347,3 +348,53 @@ def test_the_decoders_fast_paths_stay_on_with_a_pool() -> None:
     assert FrameDecoder(allocator=BufferPool())._fast_alloc
     assert not FrameDecoder(allocator=BufferPool(fallback=bytearray))._fast_alloc
     assert not FrameDecoder(allocator=BufferPool(min_size=4096))._fast_alloc
+
+
+@pytest.mark.parametrize("nbytes", [65537, MiB - 100, 3 * MiB + 17, 10_000_000])
+@pytest.mark.parametrize("phase", [0, 1, 33, ALIGNMENT - 1])
+def test_aligned_frames_start_at_their_phase(nbytes: int, phase: int) -> None:
+    pool = BufferPool()
+    for _ in range(2):  # a fresh slab, then the same slab reused
+        view = allocate(partial(pool.aligned, phase=phase), nbytes)
+        assert view.nbytes == nbytes and not view.readonly
+        assert address(view) % ALIGNMENT == phase
+        assert len(view.obj) == size_class(nbytes)  # the slab of its own class
+        data = fill(view, phase)
+        assert bytes(view) == data
+        del view
+    assert pool.statistics().reused == 1
+    # calling the pool places a frame at phase 0 (a slab is page-aligned)
+    assert address(pool(nbytes)) % mmap.PAGESIZE == 0
+
+
+def test_a_phase_outside_the_alignment_is_rejected() -> None:
+    pool = BufferPool()
+    for phase in (-1, ALIGNMENT):
+        with pytest.raises(ValueError, match="phase must be in range"):
+            pool.aligned(MiB, phase)
+    # frames below min_size come from the fallback, which knows nothing of phases
+    assert type(pool.aligned(100, 7)) is bytearray
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "page"),
+    [
+        (128 * 1024, 4096),
+        (MiB, 4096),
+        (2 * MiB, 2 * MiB),
+        (16 * MiB, 2 * MiB),
+        (3 * MiB, 2 * MiB),  # in its second huge page, but its class is exactly 3 MiB
+        (4 * MiB - 7, 2 * MiB),
+    ],
+)
+def test_a_phase_that_would_take_one_more_page_is_not_used(nbytes: int, page: int) -> None:
+    """A frame of a whole number of pages (huge pages from 2 MiB) at a phase would
+    span one more page, which the receive would fault in, and one of a whole size
+    class would leave its slab: it stays at phase 0."""
+    pool = BufferPool()
+    view = memoryview(pool.aligned(nbytes, 33))
+    assert address(view) % mmap.PAGESIZE == 0  # at the start of its slab
+    assert len(view.obj) == size_class(nbytes)
+    # at phase 33 it would have ended past the last page a frame of its size needs,
+    # or past its slab
+    assert -(-nbytes // page) < -(-(nbytes + 33) // page) or nbytes + 33 > size_class(nbytes)
