@@ -43,7 +43,7 @@ times faster when source and destination lie at the same offset modulo 32 bytes
 than when they do not (measured: a 10 MB frame echoed with one connection, 79-99
 round trips a second at the worst phases, 205-218 at the matching one).
 :meth:`BufferPool.aligned` places a frame at a chosen ``phase`` modulo
-:data:`ALIGNMENT`, and the decoder chooses the frame's offset in its message: a
+64 bytes (``ALIGNMENT``), and the decoder chooses the frame's offset in its message: a
 message sent with one ``sendmsg`` lies in the sender's socket pages at its own
 offsets whenever the kernel starts a page afresh for it (on loopback and Unix
 sockets, in request/reply exchanges: the previous message's pages were
@@ -256,7 +256,7 @@ class BufferPool:
     def __call__(self, nbytes: int) -> Buffer:
         """A writable buffer of exactly ``nbytes`` bytes (not zero-filled when reused;
         below ``min_size``, or when no memory can be mapped, what ``fallback``
-        returns), starting at a multiple of :data:`ALIGNMENT`.
+        returns), starting at a multiple of 64 bytes (``ALIGNMENT``).
 
         Raises:
             MemoryError: the memory (or address space) is not available, from
@@ -266,7 +266,7 @@ class BufferPool:
 
     def aligned(self, nbytes: int, phase: int) -> Buffer:
         """As calling the pool, but a pooled buffer starts ``phase`` bytes past a
-        multiple of :data:`ALIGNMENT` (see the module; ``fallback`` knows nothing
+        multiple of 64 bytes (``ALIGNMENT``) (see the module; ``fallback`` knows nothing
         of it), unless that would make it span one more page than at phase 0 (a
         huge page for slabs of 2 MiB and more) or not fit the slab of its size
         class: then at phase 0, so that a frame's memory never grows for its phase.
