@@ -4,6 +4,7 @@ a short run of a diagnostic system end to end."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -105,8 +106,8 @@ def test_the_floors_reusing_buffers_echo_on_every_backend(tmp_path: Path) -> Non
         timeout=120,
     )
     results = json.loads(out.read_text())["results"]
-    assert {r["backend"]: r["round_trips"] > 0 for r in results} == {
-        "asyncio": True,
-        "uvloop": True,
-        "trio": True,
-    }
+    # (a backend whose package is not installed is skipped with a note)
+    installed = [b for b in ("uvloop", "trio") if importlib.util.find_spec(b) is not None]
+    assert {r["backend"]: r["round_trips"] > 0 for r in results} == dict.fromkeys(
+        ["asyncio", *installed], True
+    )
