@@ -256,7 +256,7 @@ class BufferPool:
     def __call__(self, nbytes: int) -> Buffer:
         """A writable buffer of exactly ``nbytes`` bytes (not zero-filled when reused;
         below ``min_size``, or when no memory can be mapped, what ``fallback``
-        returns), starting at a multiple of 64 bytes (``ALIGNMENT``).
+        returns); a pooled one starts at a multiple of 64 bytes (``ALIGNMENT``).
 
         Raises:
             MemoryError: the memory (or address space) is not available, from
