@@ -377,7 +377,9 @@ class Comm(ObjectStream[Any]):
                                     await checkpoint()  # ... here, before anything is read
                                 hook._waiting = receiver
                             try:
-                                if self._idle_timeout is None and receiver.at_message_boundary:
+                                if receiver.yield_due or (
+                                    self._idle_timeout is None and receiver.at_message_boundary
+                                ):
                                     await receiver.wait()
                                 else:
                                     await self._wait_guarded()

@@ -10,6 +10,13 @@ whole message at a time. Two engines do that:
   :meth:`~Receiver.receive_nowait` decodes what is buffered and tries the
   transport without waiting; :meth:`~Receiver.wait` waits for the socket.
   Used on trio (which has no readiness callbacks) and over byte streams.
+  A read that came up short inside a message found the socket empty, but
+  the peer is most likely still sending: the next wait is one pass of the
+  event loop (:attr:`~Receiver.yield_due`), after which the socket has
+  usually received more, and only a read that comes up empty after it
+  waits for readiness (a 10 MB message over loopback on trio: about 15
+  readiness waits instead of 25, each an ``epoll_ctl``, a task switch and
+  the message's timer; four in five reads after a yield find bytes).
 * :class:`PushReceiver`: the event loop does the reading (asyncio and uvloop).
   The loop's readiness callback receives straight into the buffer the decoder
   hands out and decodes, as ``asyncio.BufferedProtocol`` does, and wakes the
@@ -58,6 +65,7 @@ before it was taken, and again by every later call.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 from abc import ABCMeta, abstractmethod
 from typing import TYPE_CHECKING, Final
@@ -71,8 +79,7 @@ from ._sansio.decoder import EndOfData
 from ._sansio.errors import RemoteProtocolError
 
 if TYPE_CHECKING:
-    import asyncio
-    from collections.abc import Awaitable
+    from collections.abc import Awaitable, Callable
 
     from ._backend import Backend
     from ._sansio.budget import BudgetAccount
@@ -114,6 +121,12 @@ class Receiver(metaclass=ABCMeta):
     #: asyncio, a wait whose wake-up is already scheduled when a cancellation
     #: comes does not raise it; see :class:`PushReceiver` for how it avoids that)
     check_before_wait: bool = False
+
+    @property
+    def yield_due(self) -> bool:
+        """True when the next :meth:`wait` only yields to the event loop once
+        (no timer needs to watch it)."""
+        return False
 
     @property
     @abstractmethod
@@ -159,15 +172,35 @@ class Receiver(metaclass=ABCMeta):
 class PullReceiver(Receiver):
     """The receiving task reads: try the transport, wait for it when it is empty."""
 
-    __slots__ = ("_conn", "_decoder", "_empty", "_transport", "_waited", "check_before_wait")
+    __slots__ = (
+        "_conn",
+        "_decoder",
+        "_empty",
+        "_pause",
+        "_paused",
+        "_transport",
+        "_waited",
+        "check_before_wait",
+    )
 
-    def __init__(self, transport: Transport, conn: Connection, *, on_asyncio: bool) -> None:
+    def __init__(
+        self,
+        transport: Transport,
+        conn: Connection,
+        *,
+        on_asyncio: bool,
+        pause: Callable[[], Awaitable[None]],
+    ) -> None:
         self._transport = transport
         self._conn = conn
         self._decoder = conn.decoder
         # The last read from a plain socket came up short: it is empty, so do
         # not try it again before waiting.
         self._empty = False
+        # one pass of the event loop (see the module)
+        self._pause = pause
+        # the last wait was that pass, and no read has found bytes since
+        self._paused = False
         self._waited = False
         # trio's waits are checkpoints that check first
         self.check_before_wait = on_asyncio
@@ -175,6 +208,10 @@ class PullReceiver(Receiver):
     @property
     def at_message_boundary(self) -> bool:
         return self._decoder.at_message_boundary
+
+    @property
+    def yield_due(self) -> bool:
+        return self._empty and not self._paused and not self._decoder.at_message_boundary
 
     @property
     def ended(self) -> bool:
@@ -197,6 +234,7 @@ class PullReceiver(Receiver):
                 n = transport.receive_into_nowait(buffer)
                 if n is None:
                     break
+                self._paused = False
                 if n:
                     conn.buffer_updated(n)
                 else:
@@ -213,8 +251,16 @@ class PullReceiver(Receiver):
         decoder = self._decoder
         if decoder.waiting_for_budget:
             return _wait_for_grant(decoder.account)
-        self._empty = False
         self._waited = True
+        if self._empty and not self._paused and not decoder.at_message_boundary:
+            # A short read inside a message: look again after one pass of the
+            # event loop (see the module).
+            self._empty = False
+            self._paused = True
+            self._transport.readable()
+            return self._pause()
+        self._empty = False
+        self._paused = False
         return self._transport.wait_readable()
 
     def close(self) -> None:
@@ -591,4 +637,14 @@ def start_receiver(
         )
         if push is not None:
             return push
-    return PullReceiver(transport, conn, on_asyncio=backend.loop is not None)
+    trio = backend.trio
+    return PullReceiver(
+        transport,
+        conn,
+        on_asyncio=trio is None,
+        pause=_asyncio_pause if trio is None else trio.checkpoint,
+    )
+
+
+def _asyncio_pause() -> Awaitable[None]:
+    return asyncio.sleep(0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+import itertools
 import socket
 import warnings
 
@@ -350,6 +351,50 @@ async def test_the_loop_callback_sends_the_rest_of_a_large_message(
         assert calls == 1
         await client.send("after")
         assert await server.receive() == "after"
+
+
+async def test_a_send_that_comes_up_short_waits_for_writability(
+    anyio_backend_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the event loop's writable callback (trio; asyncio without add_writer),
+    a send that took less than it was offered left the socket full: the task waits
+    for writability before it sends again, rather than sending at once the little
+    the peer read meanwhile."""
+    from anyio_comm._transports import rawsocket
+
+    async with connected_pair("tcp") as (client, server):
+        shrink_socket_buffers(client, server)
+        transport = client._transport  # type: ignore[attr-defined]
+        transport._writer = None  # (asyncio: as on a loop without add_writer)
+        events: list[str] = []
+        original_send_once = rawsocket._send_once
+        original_wait = transport._wait
+
+        def recording_send_once(sock: socket.socket, pending: list[object], first: int) -> object:
+            try:
+                result = original_send_once(sock, pending, first)  # type: ignore[arg-type]
+            except BlockingIOError:
+                events.append("eagain")
+                raise
+            events.append("short" if result[2] else "whole")
+            return result
+
+        async def recording_wait(readable: bool) -> None:
+            events.append("wait" if not readable else "wait readable")
+            await original_wait(readable)
+
+        monkeypatch.setattr(rawsocket, "_send_once", recording_send_once)
+        transport._wait = recording_wait
+        payload = bytes(range(256)) * 8_000  # 2 MB: many refills of a 32 KB buffer
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.send_frames, [payload, b"tail"])
+            with anyio.fail_after(20):
+                frame, tail = await server.receive_frames()
+        assert frame == payload and tail == b"tail"
+        assert events.count("short") > 5, events
+        for before, after in itertools.pairwise(events):
+            if before in ("short", "eagain"):
+                assert after == "wait", events
 
 
 async def test_loop_without_add_reader_falls_back(
