@@ -211,7 +211,13 @@ class PullReceiver(Receiver):
 
     @property
     def yield_due(self) -> bool:
-        return self._empty and not self._paused and not self._decoder.at_message_boundary
+        decoder = self._decoder
+        return (
+            self._empty
+            and not self._paused
+            and not decoder.at_message_boundary
+            and not decoder.waiting_for_budget
+        )
 
     @property
     def ended(self) -> bool:
@@ -252,7 +258,7 @@ class PullReceiver(Receiver):
         if decoder.waiting_for_budget:
             return _wait_for_grant(decoder.account)
         self._waited = True
-        if self._empty and not self._paused and not decoder.at_message_boundary:
+        if self.yield_due:
             # A short read inside a message: look again after one pass of the
             # event loop (see the module).
             self._empty = False

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
+from anyio_comm import ReceiveBudget
 from anyio_comm._receivers import PullReceiver
 from anyio_comm._sansio.connection import Connection
 
@@ -12,6 +13,8 @@ from .sansio.test_connection import deliver, joined
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
+
+    from anyio_comm._sansio.budget import BudgetAccount
 
 
 class ScriptedTransport:
@@ -47,9 +50,11 @@ class _Done:
         return iter(())
 
 
-def scripted_receiver() -> tuple[PullReceiver, ScriptedTransport]:
+def scripted_receiver(
+    account: BudgetAccount | None = None,
+) -> tuple[PullReceiver, ScriptedTransport]:
     """A pull receiver after the preamble exchange, over a scripted transport."""
-    sender, conn = Connection(), Connection()
+    sender, conn = Connection(), Connection(account=account)
     deliver(conn, sender.preamble())
     deliver(sender, conn.preamble())
     assert conn.next_handshake() is not None
@@ -130,3 +135,20 @@ def test_a_short_read_that_ends_a_message_waits_for_readiness() -> None:
     assert not receiver.yield_due
     receiver.wait()
     assert transport.log == ["wait"]
+
+
+def test_a_message_waiting_for_the_budget_is_not_looked_at_again() -> None:
+    """A short read that leaves the message waiting for the receive budget: the next
+    wait is for the budget (under the comm's stall checks), not a pass of the loop."""
+    budget = ReceiveBudget(1_000_000)
+    holder = budget.account()
+    assert holder.reserve(900_000)  # a 200 KB message does not fit beside it
+    _, data = large_message()
+    receiver, transport = scripted_receiver(budget.account())
+    transport.script.append(chunks(data)[0])
+    assert receiver.receive_nowait() is None
+    assert receiver._decoder.waiting_for_budget  # type: ignore[attr-defined]
+    assert not receiver.yield_due
+    waiting = receiver.wait()
+    assert transport.log == ["read"]  # neither a pause nor a readiness wait
+    waiting.close()  # type: ignore[attr-defined]
