@@ -83,6 +83,13 @@ def large_message() -> tuple[bytes, bytes]:
     return frame, joined(sender.send_message([memoryview(frame)]))
 
 
+def receive_whole(receiver: PullReceiver) -> list[memoryview]:
+    """Read (and "wait": the scripted waits are done at once) until a message is whole."""
+    while (frames := receiver.receive_nowait()) is None:
+        receiver.wait()
+    return frames
+
+
 def chunks(data: bytes, size: int = 10_000) -> list[bytes]:
     return [data[i : i + size] for i in range(0, len(data), size)]
 
@@ -105,11 +112,7 @@ def test_a_short_read_inside_a_message_yields_once_before_waiting() -> None:
     assert not receiver.yield_due
     receiver.wait()
     assert transport.log[3:] == ["read", "readable", "pause", "eagain", "wait"]
-    frames = None
-    while frames is None:
-        frames = receiver.receive_nowait()
-        if frames is None:
-            receiver.wait()
+    frames = receive_whole(receiver)
     assert bytes(frames[0]) == frame
     # between the first wait and the message, every wait was a pause after a read
     tail = transport.log[8:]
@@ -123,11 +126,7 @@ def test_a_short_read_that_ends_a_message_waits_for_readiness() -> None:
     receiver, transport = scripted_receiver()
     pieces = chunks(data)
     transport.script.extend(pieces)
-    frames = None
-    while frames is None:
-        frames = receiver.receive_nowait()
-        if frames is None:
-            receiver.wait()
+    frames = receive_whole(receiver)
     assert bytes(frames[0]) == frame
     assert receiver.at_message_boundary
     del transport.log[:]
