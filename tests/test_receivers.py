@@ -7,9 +7,8 @@ from typing import TYPE_CHECKING
 
 from anyio_comm import ReceiveBudget
 from anyio_comm._receivers import PullReceiver
-from anyio_comm._sansio.connection import Connection
 
-from .sansio.test_connection import deliver, joined
+from .sansio.test_connection import Pair, joined
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -54,10 +53,7 @@ def scripted_receiver(
     account: BudgetAccount | None = None,
 ) -> tuple[PullReceiver, ScriptedTransport]:
     """A pull receiver after the preamble exchange, over a scripted transport."""
-    sender, conn = Connection(), Connection(account=account)
-    deliver(conn, sender.preamble())
-    deliver(sender, conn.preamble())
-    assert conn.next_handshake() is not None
+    conn = Pair(b_account=account).b
     transport = ScriptedTransport()
 
     def pause() -> Awaitable[None]:
@@ -75,12 +71,8 @@ def scripted_receiver(
 
 def large_message() -> tuple[bytes, bytes]:
     """A message of one 200 KB frame (read straight into its buffer) and its bytes."""
-    sender, peer = Connection(), Connection()
-    deliver(peer, sender.preamble())
-    deliver(sender, peer.preamble())
-    assert sender.next_handshake() is not None
     frame = bytes(range(256)) * 800
-    return frame, joined(sender.send_message([memoryview(frame)]))
+    return frame, joined(Pair().a.send_message([memoryview(frame)]))
 
 
 def receive_whole(receiver: PullReceiver) -> list[memoryview]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from anyio_comm import Limits, LocalProtocolError, RemoteProtocolError
@@ -10,6 +12,9 @@ from anyio_comm._sansio.decoder import EndOfData
 from anyio_comm._sansio.wire import encode_header
 
 from ..decoding import receive_into
+
+if TYPE_CHECKING:
+    from anyio_comm._sansio.budget import BudgetAccount
 
 OPEN, CLOSED, ERROR, HANDSHAKE = (
     ConnectionState.OPEN,
@@ -40,9 +45,15 @@ def joined(buffers: list[object]) -> bytes:
 class Pair:
     """Two connections after the preamble exchange."""
 
-    def __init__(self, a_limits: Limits | None = None, b_limits: Limits | None = None) -> None:
+    def __init__(
+        self,
+        a_limits: Limits | None = None,
+        b_limits: Limits | None = None,
+        *,
+        b_account: BudgetAccount | None = None,
+    ) -> None:
         self.a = Connection(a_limits)
-        self.b = Connection(b_limits)
+        self.b = Connection(b_limits, account=b_account)
         deliver(self.b, self.a.preamble())
         deliver(self.a, self.b.preamble())
         assert self.a.next_handshake() is not None
