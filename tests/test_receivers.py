@@ -1,32 +1,43 @@
-"""The pull engine's reads and waits, driven by a scripted transport (no event loop)."""
+"""The receive engines' reads and waits, driven by a scripted transport (no event
+loop runs: the push engine's readiness callback is called by the tests)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from typing import TYPE_CHECKING
 
+import pytest
+
 from anyio_comm import ReceiveBudget
-from anyio_comm._receivers import PullReceiver
+from anyio_comm._receivers import PullReceiver, PushReceiver
 
 from .sansio.test_connection import Pair, joined
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable
+    from collections.abc import Awaitable, Callable, Iterator
 
     from anyio_comm._sansio.budget import BudgetAccount
 
 
 class ScriptedTransport:
     """Answers each ``receive_into_nowait`` with the next step of its script and
-    records the calls that matter here: reads, ``readable()`` and waits."""
+    records the calls that matter here: reads, ``readable()``, waits and the
+    readiness callback's registration. As a socket transport does, it answers
+    ``None`` without trying (nothing logged) after a short read until
+    ``readable()`` or a wait."""
 
     buffers_data = False  # a plain socket: a short read means it was empty
 
     def __init__(self) -> None:
         self.script: deque[bytes | None] = deque()
         self.log: list[str] = []
+        self.drained = False
+        self.callback: Callable[[], None] | None = None
 
     def receive_into_nowait(self, buffer: memoryview) -> int | None:
+        if self.drained:
+            return None
         chunk = self.script.popleft()
         if chunk is None:
             self.log.append("eagain")
@@ -34,14 +45,32 @@ class ScriptedTransport:
         assert len(chunk) < buffer.nbytes  # every read here comes up short
         buffer[: len(chunk)] = chunk
         self.log.append("read")
+        self.drained = True
         return len(chunk)
 
     def readable(self) -> None:
         self.log.append("readable")
+        self.drained = False
 
     def wait_readable(self) -> Awaitable[None]:
         self.log.append("wait")
+        self.drained = False
         return _Done()
+
+    def start_reading(self, callback: Callable[[], None]) -> bool:
+        self.log.append("start")
+        self.callback = callback
+        return True
+
+    def stop_reading(self) -> None:
+        self.log.append("stop")
+        self.callback = None
+
+    def fire(self) -> None:
+        """The event loop reports the socket readable."""
+        assert self.callback is not None
+        self.log.append("callback")
+        self.callback()
 
 
 class _Done:
@@ -143,3 +172,110 @@ def test_a_message_waiting_for_the_budget_is_not_looked_at_again() -> None:
     waiting = receiver.wait()
     assert transport.log == ["read"]  # neither a pause nor a readiness wait
     waiting.close()  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    """An event loop that never runs: the push engine makes its futures there."""
+    loop = asyncio.new_event_loop()
+    yield loop
+    loop.close()
+
+
+def scripted_push_receiver(
+    loop: asyncio.AbstractEventLoop,
+) -> tuple[PushReceiver, ScriptedTransport]:
+    """A push receiver after the preamble exchange, over a scripted transport."""
+    conn = Pair().b
+    transport = ScriptedTransport()
+
+    def pause() -> Awaitable[None]:
+        transport.log.append("pause")
+        return _Done()
+
+    transport.script.append(None)  # nothing came with the peer's preamble
+    receiver = PushReceiver.start(transport, conn, loop, pause=pause)  # type: ignore[arg-type]
+    assert receiver is not None
+    assert transport.log == ["start", "readable", "eagain"]
+    del transport.log[:]
+    return receiver, transport
+
+
+def test_the_push_engine_leaves_a_large_frame_to_the_task(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """The readiness callback reads up to a large frame and hands the message to the
+    task, which reads the rest straight into the frame's buffer: after a short read,
+    one pass of the loop and a second look; after a look that finds nothing, a wait
+    for the callback. The registration stays meanwhile."""
+    frame, data = large_message()
+    receiver, transport = scripted_push_receiver(loop)
+    pieces = chunks(data)
+    transport.script.extend([pieces[0], pieces[1], pieces[2], None, *pieces[3:]])
+    waiter = receiver.wait()  # the task waits for a message
+    transport.fire()  # the header and the frame's start, in a short read
+    assert isinstance(waiter, asyncio.Future) and waiter.done()
+    assert transport.log == ["callback", "readable", "read", "readable"]
+    # The task's wake-up was a pass of the loop: it reads at once.
+    assert receiver.receive_nowait() is None  # read 2, short
+    assert receiver.yield_due
+    receiver.wait()
+    transport.fire()  # readable while the task takes its pass: it looks anyway
+    assert receiver.receive_nowait() is None  # read 3 after the pause, short
+    receiver.wait()
+    assert receiver.receive_nowait() is None  # nothing after the pause ...
+    assert not receiver.yield_due
+    waiter = receiver.wait()  # ... so wait for the callback
+    assert transport.log[4:] == [
+        "read",
+        "readable",
+        "pause",
+        "callback",
+        "readable",
+        "read",
+        "readable",
+        "pause",
+        "eagain",
+    ]
+    assert not waiter.done()  # type: ignore[attr-defined]
+    transport.fire()
+    assert waiter.done()  # type: ignore[attr-defined]
+    del transport.log[:]
+    frames = None
+    while frames is None:
+        frames = receiver.receive_nowait()
+        if frames is None:
+            assert receiver.yield_due
+            receiver.wait()
+    assert bytes(frames[0]) == frame
+    assert transport.log.count("read") == len(pieces) - 3
+    assert "stop" not in transport.log and "eagain" not in transport.log
+    assert not receiver.yield_due
+    assert isinstance(receiver.wait(), asyncio.Future)  # a message boundary: the callback
+
+
+def test_the_push_engine_stops_reading_when_the_task_leaves_a_large_frame(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """A readiness callback while the task that reads a large frame neither waits
+    nor takes its pass of the loop (its receive was cancelled, say): the
+    registration is dropped (a level-triggered callback would come back at every
+    pass of the loop) and made again when the task waits."""
+    _, data = large_message()
+    receiver, transport = scripted_push_receiver(loop)
+    pieces = chunks(data)
+    transport.script.extend([pieces[0], pieces[1], pieces[2], None, *pieces[3:]])
+    transport.fire()  # the start of the message: the task's to read
+    assert receiver.receive_nowait() is None
+    receiver.wait()  # the pass of the loop ...
+    transport.fire()  # ... during which the socket is readable
+    transport.fire()  # a second pass: the task did not look
+    assert transport.log[-5:] == ["callback", "readable", "callback", "readable", "stop"]
+    assert receiver.receive_nowait() is None  # the task comes back: read 3, short
+    receiver.wait()  # a pass of the loop needs no registration
+    assert receiver.receive_nowait() is None  # nothing after it
+    waiter = receiver.wait()
+    assert transport.log[-5:] == ["read", "readable", "pause", "eagain", "start"]
+    assert not waiter.done()  # type: ignore[attr-defined]
+    transport.fire()
+    assert waiter.done()  # type: ignore[attr-defined]
