@@ -633,7 +633,7 @@ class PushReceiver(Receiver):
     def wait(self) -> Awaitable[None]:
         if self._closed:
             raise ClosedResourceError
-        if self._short and self._pulling:
+        if self.yield_due:
             # A short read inside the message the task reads: look again after
             # one pass of the event loop (see the module).
             self._short = False
@@ -693,7 +693,6 @@ def start_receiver(
             backend.loop,
             wake_on_bytes=wake_on_bytes,
             wake_on_partial=wake_on_partial,
-            pause=_asyncio_pause,
         )
         if push is not None:
             return push
