@@ -208,7 +208,9 @@ class Serializer:
 
     # -- decoding ----------------------------------------------------------
 
-    def _ext_hook(self, oob: Sequence[memoryview], code: int, data: bytes) -> Any:
+    def _ext_hook(
+        self, oob: Sequence[memoryview], pending: list[_Pickled], code: int, data: bytes
+    ) -> Any:
         if code == EXT_OOB:
             index = _OOB_INDEX.get(data)  # the usual case: one of the first frames
             if index is not None and index < len(oob):
@@ -224,32 +226,39 @@ class Serializer:
             if not data or len(data) % 4:
                 raise RemoteProtocolError("malformed pickle reference")
             indices = struct.unpack(f"!{len(data) // 4}I", data)
-            buffers = [_oob_frame(oob, i) for i in indices[1:]]
-            try:
-                return pickle.loads(_oob_frame(oob, indices[0]), buffers=buffers)
-            except Exception as exc:
-                raise RemoteProtocolError(f"cannot unpickle: {exc!r}") from exc
+            stream = _oob_frame(oob, indices[0])
+            # Unpickled once the whole body is decoded and valid: a placeholder is
+            # neither str nor bytes, so msgpack refuses it as a map key.
+            placeholder = _Pickled(stream, [_oob_frame(oob, i) for i in indices[1:]])
+            pending.append(placeholder)
+            return placeholder
         raise RemoteProtocolError(f"unknown msgpack extension type {code}")
 
     def _ext_hook_no_oob(self, code: int, data: bytes) -> Any:
-        return self._ext_hook((), code, data)
+        return self._ext_hook((), [], code, data)
 
     def loads(self, frames: Sequence[memoryview]) -> Any:
         """Decode a message from its frames.
 
+        Pickled objects are unpickled once the whole body has been decoded, in
+        the order of the body: nothing is unpickled from a body that is refused.
+
         Raises:
             RemoteProtocolError: no body frame, malformed msgpack, trailing
-                bytes, an unknown extension type, an out-of-band reference out
-                of range, or pickled data while pickle is not enabled.
+                bytes, a map key that is not str or bytes (an extension value
+                included), an unknown extension type, an out-of-band reference
+                out of range, pickled data while pickle is not enabled, or a
+                pickled object that cannot be unpickled.
         """
         if not frames:
             raise RemoteProtocolError("message has no body frame")
+        pending: list[_Pickled] = []
         if len(frames) == 1:
-            ext_hook = self._ext_hook_no_oob
+            ext_hook = self._ext_hook_no_oob  # no frame a pickled object could be in
         else:
-            ext_hook = functools.partial(self._ext_hook, frames[1:])
+            ext_hook = functools.partial(self._ext_hook, frames[1:], pending)
         try:
-            return msgpack.unpackb(
+            value = msgpack.unpackb(
                 frames[0],
                 ext_hook=ext_hook,
                 raw=False,
@@ -262,6 +271,57 @@ class Serializer:
             # msgpack raises ExtraData, FormatError, StackError, ValueError,
             # TypeError (unhashable or non-str key) and UnicodeDecodeError.
             raise RemoteProtocolError(f"malformed message body: {exc!r}") from exc
+        if pending:
+            return _unpickle_all(value, pending)
+        return value
+
+
+class _Pickled:
+    """A pickled object of a body being decoded: its stream and buffers."""
+
+    __slots__ = ("buffers", "container", "key", "stream")
+
+    def __init__(self, stream: memoryview, buffers: list[memoryview]) -> None:
+        self.stream = stream
+        self.buffers = buffers
+        #: where the decoded body holds it (``None``: nowhere, a later equal
+        #: map key replaced it)
+        self.container: list[Any] | dict[Any, Any] | None = None
+        self.key: Any = None
+
+    def load(self) -> Any:
+        try:
+            return pickle.loads(self.stream, buffers=self.buffers)
+        except Exception as exc:
+            raise RemoteProtocolError(f"cannot unpickle: {exc!r}") from exc
+
+
+def _unpickle_all(value: Any, pending: list[_Pickled]) -> Any:
+    """``value`` with the placeholders of ``pending`` replaced by their objects,
+    unpickled in the order of the body.
+
+    The walk is iterative: the body may be nested deeper than Python's recursion
+    limit allows.
+    """
+    if type(value) is _Pickled:
+        return value.load()
+    unplaced = len(pending)
+    stack = [value] if type(value) is list or type(value) is dict else []
+    while stack and unplaced:
+        container = stack.pop()
+        items = container.items() if type(container) is dict else enumerate(container)
+        for key, item in items:
+            cls = type(item)
+            if cls is _Pickled:
+                item.container = container
+                item.key = key
+                unplaced -= 1
+            elif cls is list or cls is dict:
+                stack.append(item)
+    for placeholder in pending:
+        if placeholder.container is not None:
+            placeholder.container[placeholder.key] = placeholder.load()
+    return value
 
 
 def _oob_frame(oob: Sequence[memoryview], index: int) -> memoryview:

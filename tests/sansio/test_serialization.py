@@ -161,3 +161,92 @@ def test_raw_ext_types_cannot_be_sent() -> None:
 def test_timestamp_extension_roundtrips() -> None:
     stamp = msgpack.Timestamp(1_700_000_000, 5)
     assert roundtrip(Serializer(), {"t": stamp}) == {"t": stamp}
+
+
+# -- pickled objects are unpickled once the whole body is decoded --------------
+
+UNPICKLED: list[str] = []
+
+
+def _record(name: str) -> str:
+    UNPICKLED.append(name)
+    return name
+
+
+class Recorded:
+    """Unpickles to its name, recording that it was unpickled."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __reduce__(self) -> tuple[object, tuple[str]]:
+        return _record, (self.name,)
+
+
+def pickle_ref(index: int) -> bytes:
+    return msgpack.packb(msgpack.ExtType(EXT_PICKLE, struct.pack("!I", index)))
+
+
+@pytest.fixture
+def unpickled() -> list[str]:
+    UNPICKLED.clear()
+    return UNPICKLED
+
+
+@pytest.mark.parametrize(
+    ("key", "frames"),
+    [
+        (msgpack.ExtType(EXT_OOB, struct.pack("!I", 0)), [b"k"]),  # a reference to bytes
+        (msgpack.ExtType(EXT_PICKLE, struct.pack("!I", 0)), [pickle.dumps("k")]),
+        (msgpack.ExtType(EXT_PICKLE, struct.pack("!I", 0)), [pickle.dumps(b"k")]),
+        (msgpack.Timestamp(1, 0), []),
+    ],
+    ids=["oob-bytes", "pickled-str", "pickled-bytes", "timestamp"],
+)
+def test_extension_values_are_refused_as_map_keys(key: object, frames: list[bytes]) -> None:
+    encoded = msgpack.packb({key: 1})
+    message = [memoryview(encoded), *map(memoryview, frames)]
+    with pytest.raises(RemoteProtocolError, match="not allowed for map key"):
+        Serializer(allow_pickle=True).loads(message)
+
+
+def test_nothing_is_unpickled_from_a_refused_body(unpickled: list[str]) -> None:
+    # A pickled object, then a map with an integer key: the body is refused
+    # before the pickled object is unpickled.
+    encoded = b"\x92" + pickle_ref(0) + msgpack.packb({1: 1})
+    frames = [memoryview(encoded), memoryview(pickle.dumps(Recorded("a")))]
+    with pytest.raises(RemoteProtocolError, match="int is not allowed for map key"):
+        Serializer(allow_pickle=True).loads(frames)
+    assert unpickled == []
+
+
+def test_pickled_objects_are_unpickled_in_body_order(unpickled: list[str]) -> None:
+    # [pickled c, {"k": [pickled a], "j": pickled b}, 1, {"k": pickled d, "k": 2}]
+    # with the streams of a, b, c, d in frames 1 to 4: unpickled c, a, b; d's
+    # map entry is replaced by the later one and d is never unpickled.
+    encoded = (
+        b"\x94"
+        + pickle_ref(2)
+        + b"\x82\xa1k\x91"
+        + pickle_ref(0)
+        + b"\xa1j"
+        + pickle_ref(1)
+        + b"\x01"
+        + b"\x82\xa1k"
+        + pickle_ref(3)
+        + b"\xa1k\x02"
+    )
+    streams = [pickle.dumps(Recorded(name)) for name in "abcd"]
+    frames = [memoryview(encoded), *map(memoryview, streams)]
+    decoded = Serializer(allow_pickle=True).loads(frames)
+    assert decoded == ["c", {"k": ["a"], "j": "b"}, 1, {"k": 2}]
+    assert unpickled == ["c", "a", "b"]
+
+
+def test_pickled_object_at_the_deepest_level() -> None:
+    encoded = b"\x91" * 1023 + pickle_ref(0)
+    value = Serializer(allow_pickle=True).loads([memoryview(encoded), memoryview(pickle.dumps(5))])
+    for _ in range(1023):
+        assert isinstance(value, list)
+        (value,) = value
+    assert value == 5
