@@ -43,11 +43,14 @@ if TYPE_CHECKING:
 
     from ._buffer import Buffer
 
-__all__ = ["DEFAULT_OOB_THRESHOLD", "EXT_OOB", "EXT_PICKLE", "Serializer"]
+__all__ = ["DEFAULT_OOB_THRESHOLD", "EXT_OOB", "EXT_PICKLE", "MAX_DEPTH", "Serializer"]
 
 EXT_OOB: Final = 1
 EXT_PICKLE: Final = 2
 DEFAULT_OOB_THRESHOLD: Final = 4096
+#: most arrays and maps nested in one another in a body (the outermost counts
+#: as 1); msgpack's unpacker refuses deeper bodies, and so does the sender
+MAX_DEPTH: Final = 1024
 
 _INDEX = struct.Struct("!I")
 _BYTES_TYPES: Final = (bytes, bytearray, memoryview, pickle.PickleBuffer)
@@ -119,8 +122,10 @@ class Serializer:
 
         Raises:
             SerializationError: the message contains an unsupported type (and
-                pickle is not enabled), is nested too deeply, or an integer
-                does not fit in 64 bits.
+                pickle is not enabled) or a map key that is not ``str`` or
+                ``bytes``, is nested more than :data:`MAX_DEPTH` arrays and
+                maps deep (or deeper than Python's recursion limit allows), or
+                an integer does not fit in 64 bits.
         """
         oob: list[memoryview] = []
         try:
@@ -137,11 +142,12 @@ class Serializer:
             raise SerializationError(f"cannot serialize message: {exc}") from exc
         return [memoryview(body), *oob]
 
-    def _extract(self, obj: Any, oob: list[memoryview]) -> Any:
+    def _extract(self, obj: Any, oob: list[memoryview], depth: int = 1) -> Any:
         """Return ``obj`` with large buffers replaced by out-of-band references.
 
         Containers are rebuilt only where something inside them changed, so a
-        message without large buffers is passed to msgpack as it is.
+        message without large buffers is passed to msgpack as it is. ``depth``:
+        the nesting depth ``obj`` has if it is a container.
         """
         cls = type(obj)
         if cls in _LEAF_TYPES:
@@ -153,6 +159,8 @@ class Serializer:
             oob.append(memoryview(obj))
             return _oob_ref(len(oob) - 1)
         if cls is dict:
+            if depth > MAX_DEPTH:
+                raise _too_deep()
             new: dict[Any, Any] | None = None
             threshold = self._oob_threshold
             for key, value in obj.items():
@@ -163,20 +171,22 @@ class Serializer:
                 vcls = type(value)
                 if vcls in _LEAF_TYPES or (vcls is bytes and len(value) < threshold):
                     continue
-                replaced = self._extract(value, oob)
+                replaced = self._extract(value, oob, depth + 1)
                 if replaced is not value:
                     if new is None:
                         new = dict(obj)
                     new[key] = replaced
             return obj if new is None else new
         if cls is list or cls is tuple:
+            if depth > MAX_DEPTH:
+                raise _too_deep()
             items: list[Any] | None = None
             threshold = self._oob_threshold
             for i, value in enumerate(obj):
                 vcls = type(value)
                 if vcls in _LEAF_TYPES or (vcls is bytes and len(value) < threshold):
                     continue
-                replaced = self._extract(value, oob)
+                replaced = self._extract(value, oob, depth + 1)
                 if replaced is not value:
                     if items is None:
                         items = list(obj)
@@ -184,6 +194,12 @@ class Serializer:
             return obj if items is None else items
         if cls is msgpack.ExtType:
             raise SerializationError("msgpack.ExtType values cannot be sent")
+        # msgpack packs subclasses of dict as maps and of list and tuple (named
+        # tuples) as arrays: their keys are checked and their contents walked too.
+        if isinstance(obj, dict):
+            return self._extract(dict(obj), oob, depth)
+        if isinstance(obj, (list, tuple)):
+            return self._extract(list(obj), oob, depth)
         if cls in _BYTES_TYPES or isinstance(obj, _BYTES_TYPES):
             view = _flat(obj)
             if view.nbytes >= self._oob_threshold:
@@ -330,6 +346,10 @@ def _oob_frame(oob: Sequence[memoryview], index: int) -> memoryview:
             f"out-of-band reference {index} but the message has {len(oob)} out-of-band frames"
         )
     return oob[index]
+
+
+def _too_deep() -> SerializationError:
+    return SerializationError(f"message nested more than {MAX_DEPTH} arrays and maps deep")
 
 
 def _no_default(obj: Any) -> Any:

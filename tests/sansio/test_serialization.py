@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import collections
 import pickle
 import struct
+import sys
 
 import msgpack
 import pytest
 
 from anyio_comm import RemoteProtocolError, SerializationError
-from anyio_comm._sansio.serialization import EXT_OOB, EXT_PICKLE, Serializer
+from anyio_comm._sansio.serialization import EXT_OOB, EXT_PICKLE, MAX_DEPTH, Serializer
 
 
 def roundtrip(serializer: Serializer, message: object) -> object:
@@ -151,6 +153,80 @@ def test_threshold_validation() -> None:
 def test_non_string_keys_refused_at_send_time(key: object) -> None:
     with pytest.raises(SerializationError, match="map keys"):
         Serializer().dumps({"outer": {key: 1}})
+
+
+class Dict(dict):  # type: ignore[type-arg]
+    pass
+
+
+class List(list):  # type: ignore[type-arg]
+    pass
+
+
+Pair = collections.namedtuple("Pair", "first second")
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        Dict({1: 2}),
+        {"a": Dict({1: 2})},
+        [List([{1: 2}])],
+        Pair({1: 2}, None),
+        {"a": collections.OrderedDict([(1, 2)])},
+    ],
+    ids=["dict-subclass", "nested-dict-subclass", "list-subclass", "namedtuple", "ordered-dict"],
+)
+def test_keys_inside_container_subclasses_refused_at_send_time(message: object) -> None:
+    # msgpack packs these as maps and arrays: a receiver would refuse the key.
+    with pytest.raises(SerializationError, match="map keys"):
+        Serializer().dumps(message)
+
+
+def test_container_subclasses_are_walked_for_buffers() -> None:
+    s = Serializer(oob_threshold=10)
+    big = b"x" * 10
+    message = {"p": Pair(big, Dict(b=List([big])))}
+    frames = s.dumps(message)
+    assert len(frames) == 3
+    out = s.loads(frames)
+    assert out == {"p": [big, {"b": [big]}]}
+    assert isinstance(out["p"][0], memoryview)
+
+
+def nested(depth: int) -> object:
+    """Lists nested ``depth`` deep, the innermost empty."""
+    message: object = []
+    for _ in range(depth - 1):
+        message = [message]
+    return message
+
+
+def nesting(value: object) -> int:
+    """How deep lists of one element are nested in ``value``, the innermost empty."""
+    depth = 0
+    while value != []:
+        assert isinstance(value, list)
+        (value,) = value
+        depth += 1
+    return depth + 1
+
+
+def test_sender_refuses_a_body_nested_deeper_than_the_receivers_accept() -> None:
+    # With Python's recursion limit raised, msgpack's packer (1.2 and later)
+    # would encode 1025 nested containers: the serializer refuses them itself.
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(MAX_DEPTH + 1000)
+    try:
+        frames = Serializer().dumps(nested(MAX_DEPTH))
+        with pytest.raises(SerializationError, match="nested more than 1024"):
+            Serializer().dumps(nested(MAX_DEPTH + 1))
+        with pytest.raises(SerializationError, match="nested more than 1024"):
+            Serializer().dumps({"a": nested(MAX_DEPTH)})
+    finally:
+        sys.setrecursionlimit(limit)
+    assert bytes(frames[0]) == b"\x91" * (MAX_DEPTH - 1) + b"\x90"
+    assert nesting(Serializer().loads(frames)) == MAX_DEPTH
 
 
 def test_raw_ext_types_cannot_be_sent() -> None:
