@@ -8,10 +8,14 @@ parses them back into what the specification says they contain.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from anyio_comm import RemoteProtocolError
@@ -46,6 +50,16 @@ EXPECTED_VECTORS = {
     "message-types",
     "message-oob",
     "message-two-oob",
+    "message-timestamps",
+    "message-form-str",
+    "message-form-bin",
+    "message-form-array",
+    "message-form-map",
+    "message-form-uint",
+    "message-form-int",
+    "message-form-float32",
+    "message-form-oob",
+    "message-form-pickle",
 }
 
 _GOLDEN_BLOCK = re.compile(
@@ -60,6 +74,28 @@ TYPES_MESSAGE = {"op": "put", "key": b"k1", "args": [1, -1, 300, 1.5, None, True
 OOB_DATA = bytes(5000)
 TWO_OOB_1 = b"\x01" * 4096
 TWO_OOB_2 = b"\xff" * 5000
+TIMESTAMPS = [
+    msgpack.Timestamp(1, 0),
+    msgpack.Timestamp(2**32, 999_999_999),
+    msgpack.Timestamp(-1, 500_000_000),
+]
+#: the out-of-band frames of the message-form-* vectors that have some
+FORM_FRAMES = {
+    "message-form-oob": [b"a", b"b", b"c"],
+    "message-form-pickle": [bytes.fromhex(f"80 05 4b 0{i} 2e") for i in (1, 2, 3)],
+}
+#: what the message-form-* vectors decode to
+FORM_VALUES: dict[str, object] = {
+    "message-form-str": ["a", "a", "a"],
+    "message-form-bin": [b"\x01", b"\x01"],
+    "message-form-array": [[1], []],
+    "message-form-map": {"a": {"b": 1}},
+    "message-form-uint": [1, 1, 1, 1],
+    "message-form-int": [-1, -1, -1, -1, 1],
+    "message-form-float32": 1.5,
+    "message-form-oob": [b"a", b"b", b"c"],
+    "message-form-pickle": [1, 2, 3],
+}
 
 
 # -- parsing the document ---------------------------------------------------
@@ -168,9 +204,9 @@ def encode_message(message: object) -> tuple[bytes, list[bytes]]:
     return header + bytes(frames[0]), [bytes(frame) for frame in frames[1:]]
 
 
-def decode_message(data: bytes) -> object:
+def decode_message(data: bytes, *, allow_pickle: bool = False) -> object:
     frames = decode_frames(data)
-    return Serializer().loads([memoryview(frame) for frame in frames])
+    return Serializer(allow_pickle=allow_pickle).loads([memoryview(frame) for frame in frames])
 
 
 # -- preambles ---------------------------------------------------------------
@@ -258,6 +294,28 @@ def test_message_two_oob(vectors: dict[str, bytes]):
     assert bytes(decoded[1]) == TWO_OOB_1
     assert list(decoded[2]) == ["b"]
     assert bytes(decoded[2]["b"]) == TWO_OOB_2
+
+
+def test_message_timestamps(vectors: dict[str, bytes]):
+    vector = vectors["message-timestamps"]
+    assert encode_message(TIMESTAMPS) == (vector, [])
+    assert decode_message(vector) == TIMESTAMPS
+
+
+@pytest.mark.parametrize("name", sorted(FORM_VALUES))
+def test_message_forms_are_accepted(vectors: dict[str, bytes], name: str):
+    vector = vectors[name]
+    frames = FORM_FRAMES.get(name, [])
+    decoded = decode_message(vector + b"".join(frames), allow_pickle=name.endswith("pickle"))
+    expected = FORM_VALUES[name]
+    if name == "message-form-oob":
+        assert isinstance(decoded, list)
+        assert all(isinstance(item, memoryview) for item in decoded)
+        decoded = [bytes(item) for item in decoded]
+    assert decoded == expected
+    assert type(decoded) is type(expected)
+    # Not what the reference implementation sends for the same value.
+    assert encode_message(expected)[0] != vector
 
 
 # -- constants and layout tables ---------------------------------------------
@@ -450,3 +508,44 @@ def test_pickle_reference_example(doc: str):
     assert struct.unpack("!2I", payload[2:]) == (0, 1)
     with pytest.raises(RemoteProtocolError, match="pickle is not enabled"):
         Serializer().loads([memoryview(payload), memoryview(b"x"), memoryview(b"y")])
+
+
+_SENDER_DEPTH_SCRIPT = """
+from anyio_comm import SerializationError
+from anyio_comm._sansio.serialization import Serializer
+
+value = []
+for _ in range(997):
+    value = [value]
+Serializer().dumps(value)  # 998 lists
+try:
+    Serializer().dumps([value])  # 999
+except SerializationError:
+    print("998 999")
+"""
+
+
+@pytest.mark.skipif(
+    sys.implementation.name != "cpython"
+    or sys.version_info[:2] != (3, 11)
+    or msgpack.version < (1, 2)
+    or sys.getrecursionlimit() != 1000,
+    reason="the figure the specification gives is for CPython 3.11 and msgpack 1.2",
+)
+def test_sender_depth_figure(doc: str):
+    text = " ".join(doc.split())
+    assert (
+        "With CPython 3.11, its default recursion limit of 1000 and msgpack 1.2, "
+        "`Serializer.dumps` called from the top level of a script encodes lists nested "
+        "998 deep and raises at 999" in text
+    )
+    package = Path(__import__("anyio_comm").__file__).parents[1]
+    result = subprocess.run(
+        [sys.executable, "-c", _SENDER_DEPTH_SCRIPT],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(package)},
+        timeout=60,
+    )
+    assert result.stdout.split() == ["998", "999"]

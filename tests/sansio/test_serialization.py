@@ -218,11 +218,13 @@ def test_sender_refuses_a_body_nested_deeper_than_the_receivers_accept() -> None
     limit = sys.getrecursionlimit()
     sys.setrecursionlimit(MAX_DEPTH + 1000)
     try:
-        frames = Serializer().dumps(nested(MAX_DEPTH))
         with pytest.raises(SerializationError, match="nested more than 1024"):
             Serializer().dumps(nested(MAX_DEPTH + 1))
         with pytest.raises(SerializationError, match="nested more than 1024"):
             Serializer().dumps({"a": nested(MAX_DEPTH)})
+        if msgpack.version < (1, 2):
+            return  # the packer of earlier releases stops at 512
+        frames = Serializer().dumps(nested(MAX_DEPTH))
     finally:
         sys.setrecursionlimit(limit)
     assert bytes(frames[0]) == b"\x91" * (MAX_DEPTH - 1) + b"\x90"
@@ -326,3 +328,204 @@ def test_pickled_object_at_the_deepest_level() -> None:
         assert isinstance(value, list)
         (value,) = value
     assert value == 5
+
+
+# -- the rules of the specification's section 9.2 at their boundaries ----------
+
+
+def loads_hex(data: str, *frames: bytes, allow_pickle: bool = False) -> object:
+    message = [memoryview(bytes.fromhex(data)), *map(memoryview, frames)]
+    return Serializer(allow_pickle=allow_pickle).loads(message)
+
+
+def ts64(nanoseconds: int, seconds: int, head: str = "d7 ff") -> str:
+    """A timestamp 64 (in fixext 8 unless ``head`` says otherwise), in hex."""
+    return head + struct.pack("!Q", nanoseconds << 34 | seconds).hex(" ", -8)
+
+
+def ts96(nanoseconds: int, seconds: int, head: str = "c7 0c ff") -> str:
+    """A timestamp 96 (in ext 8 unless ``head`` says otherwise), in hex."""
+    return head + struct.pack("!Iq", nanoseconds, seconds).hex(" ", -4)
+
+
+@pytest.mark.parametrize(
+    ("data", "seconds", "nanoseconds"),
+    [
+        ("d6 ff 00 00 00 01", 1, 0),
+        ("d6 ff ff ff ff ff", 2**32 - 1, 0),
+        ("c7 04 ff 00 00 00 01", 1, 0),  # ext 8, ext 16 and ext 32 forms
+        ("c8 00 04 ff 00 00 00 01", 1, 0),
+        ("c9 00 00 00 04 ff 00 00 00 01", 1, 0),
+        (ts64(999_999_999, 2**34 - 1), 2**34 - 1, 999_999_999),
+        (ts64(0, 1), 1, 0),  # a value timestamp 32 could hold
+        (ts64(5, 7, head="c8 00 08 ff"), 7, 5),
+        (ts96(999_999_999, -(2**63)), -(2**63), 999_999_999),
+        (ts96(0, 2**63 - 1), 2**63 - 1, 0),
+        (ts96(0, 1), 1, 0),
+        (ts96(5, -7, head="c9 00 00 00 0c ff"), -7, 5),
+    ],
+)
+def test_timestamps_accepted(data: str, seconds: int, nanoseconds: int) -> None:
+    assert loads_hex(data) == msgpack.Timestamp(seconds, nanoseconds)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        *(f"c7 {n:02x} ff" + "00" * n for n in (0, 1, 2, 3, 5, 6, 7, 9, 10, 11, 13, 16)),
+        "d4 ff 00",
+        "d5 ff 00 00",
+        "d8 ff" + "00" * 16,
+        ts64(1_000_000_000, 0),
+        ts64(2**30 - 1, 0),
+        ts96(1_000_000_000, 0),
+        ts96(2**32 - 1, 0),
+    ],
+)
+def test_timestamps_rejected(data: str) -> None:
+    with pytest.raises(RemoteProtocolError, match="malformed"):
+        loads_hex(data)
+
+
+def test_timestamps_are_sent_in_the_shortest_layout() -> None:
+    def sent(stamp: msgpack.Timestamp) -> str:
+        return Serializer().dumps(stamp)[0].hex(" ")
+
+    assert sent(msgpack.Timestamp(2**32 - 1, 0)) == "d6 ff ff ff ff ff"
+    assert sent(msgpack.Timestamp(2**32, 0)) == "d7 ff 00 00 00 01 00 00 00 00"
+    assert sent(msgpack.Timestamp(0, 1)) == "d7 ff 00 00 00 04 00 00 00 00"
+    assert sent(msgpack.Timestamp(2**34 - 1, 999_999_999)) == "d7 ff ee 6b 27 ff ff ff ff ff"
+    assert sent(msgpack.Timestamp(2**34, 0)) == "c7 0c ff 00 00 00 00 00 00 00 04 00 00 00 00"
+    assert sent(msgpack.Timestamp(-1, 0)) == "c7 0c ff 00 00 00 00 ff ff ff ff ff ff ff ff"
+
+
+@pytest.mark.parametrize("code", [-128, -2, 0, 3, 127])
+def test_other_extension_types_rejected(code: int) -> None:
+    with pytest.raises(RemoteProtocolError, match=f"unknown msgpack extension type {code}"):
+        loads_hex(f"d4 {code & 0xFF:02x} 00", allow_pickle=True)
+
+
+def depth_body(depth: int, kind: str, inner: str) -> str:
+    """A body of ``depth`` arrays or maps (``kind``), nested, around ``inner``."""
+    if kind == "array":
+        return "91" * depth + inner
+    if kind == "map":
+        return "81 a1 6b" * depth + inner
+    return "91 81 a1 6b" * (depth // 2) + inner  # mixed, depth even
+
+
+@pytest.mark.parametrize("kind", ["array", "map", "mixed"])
+def test_nesting_depth_boundary(kind: str) -> None:
+    # The outermost container counts as 1, empty containers count, scalars and
+    # extension values do not.
+    for accepted, body in [
+        (True, depth_body(1024, kind, "01")),
+        (True, depth_body(1024, kind, "d6 ff 00 00 00 01")),
+        (True, depth_body(1022, kind, "92 90 80")),
+        (False, depth_body(1024, kind, "90")),
+        (False, depth_body(1024, kind, "80")),
+        (False, depth_body(1026, kind, "01")),
+    ]:
+        if accepted:
+            loads_hex(body)
+        else:
+            with pytest.raises(RemoteProtocolError, match="StackError"):
+                loads_hex(body)
+
+
+def test_nesting_depth_is_per_path() -> None:
+    deep = "91" * 1022 + "90"  # depth 1023
+    loads_hex("92" + deep + deep)  # two of them in an array: depth 1024
+    with pytest.raises(RemoteProtocolError, match="StackError"):
+        loads_hex("92 01 91" + deep)  # depth 1025 in the last element
+
+
+def test_nesting_depth_of_a_reference_at_the_deepest_level() -> None:
+    decoded = loads_hex("91" * 1024 + "d6 01 00 00 00 00", b"data")
+    for _ in range(1024):
+        assert isinstance(decoded, list)
+        (decoded,) = decoded
+    assert bytes(decoded) == b"data"  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize(
+    ("data", "expected"),
+    [
+        ("82 a1 6b 01 c4 01 6b 02", {"k": 1, b"k": 2}),  # str and bin: two keys
+        ("82 c4 01 6b 01 a1 6b 02", {b"k": 1, "k": 2}),
+        ("82 a1 6b 01 d9 01 6b 02", {"k": 2}),  # fixstr and str 8: equal keys
+        ("82 c4 01 6b 01 c5 00 01 6b 02", {b"k": 2}),  # bin 8 and bin 16: equal keys
+        ("82 a2 c3 a9 01 a3 65 cc 81 02", {"\u00e9": 1, "e\u0301": 2}),  # no normalization
+    ],
+)
+def test_map_key_equality(data: str, expected: dict[object, object]) -> None:
+    decoded = loads_hex(data)
+    assert decoded == expected
+    assert list(decoded) == list(expected)  # type: ignore[call-overload]
+
+
+@pytest.mark.parametrize(
+    ("data", "accepted"),
+    [
+        ("a4 f4 8f bf bf", True),  # U+10FFFF
+        ("a2 c0 80", False),  # overlong NUL
+        ("a3 ed a0 80", False),  # encoded surrogate U+D800
+        ("a4 f4 90 80 80", False),  # above U+10FFFF
+    ],
+)
+def test_utf8_validity(data: str, accepted: bool) -> None:
+    if accepted:
+        assert loads_hex(data) == "\U0010ffff"
+    else:
+        with pytest.raises(RemoteProtocolError, match="UnicodeDecodeError"):
+            loads_hex(data)
+
+
+@pytest.mark.parametrize(
+    ("data", "accepted"),
+    [
+        ("d6 01 00 00 00 01", True),
+        ("c7 04 01 00 00 00 01", True),
+        ("c8 00 04 01 00 00 00 01", True),
+        ("c9 00 00 00 04 01 00 00 00 01", True),
+        ("d4 01 01", False),
+        ("d5 01 00 01", False),
+        ("d7 01 00 00 00 00 00 00 00 01", False),
+        ("d8 01" + "00" * 15 + "01", False),
+        ("c7 00 01", False),
+        ("c7 03 01 00 00 01", False),
+        ("c7 05 01 00 00 00 01 00", False),
+        ("c8 00 08 01 00 00 00 01 00 00 00 00", False),
+    ],
+)
+def test_out_of_band_reference_forms(data: str, accepted: bool) -> None:
+    if accepted:
+        assert bytes(loads_hex(data, b"zero", b"one")) == b"one"  # type: ignore[call-overload]
+    else:
+        with pytest.raises(RemoteProtocolError, match="malformed out-of-band reference"):
+            loads_hex(data, b"zero", b"one")
+
+
+@pytest.mark.parametrize(
+    ("data", "accepted"),
+    [
+        ("d6 02 00 00 00 01", True),
+        ("d7 02 00 00 00 01 00 00 00 00", True),  # a buffer too (frame 1 again)
+        ("d8 02 00 00 00 01" + "00 00 00 00" * 3, True),
+        ("c7 04 02 00 00 00 01", True),
+        ("c8 00 04 02 00 00 00 01", True),
+        ("c9 00 00 00 04 02 00 00 00 01", True),
+        ("c7 0c 02 00 00 00 01" + "00 00 00 00" * 2, True),
+        ("d4 02 01", False),
+        ("d5 02 00 01", False),
+        ("c7 00 02", False),
+        ("c7 06 02 00 00 00 01 00 00", False),
+    ],
+)
+def test_pickle_reference_forms(data: str, accepted: bool) -> None:
+    frames = (pickle.dumps("zero"), pickle.dumps("one"))
+    if accepted:
+        assert loads_hex(data, *frames, allow_pickle=True) == "one"
+    else:
+        with pytest.raises(RemoteProtocolError, match="malformed pickle reference"):
+            loads_hex(data, *frames, allow_pickle=True)
