@@ -2,7 +2,10 @@
 
 Every ```` ```hex golden:NAME ```` block of the specification is checked in
 both directions: the encoders produce exactly those bytes, and the decoder
-parses them back into what the specification says they contain.
+parses them back into what the specification says they contain. Every
+```` ```hex reject:NAME ```` block is fed to the decoder, or decoded as a
+message, with the receiver the text after it describes, and must fail where
+and how that text says.
 """
 
 from __future__ import annotations
@@ -62,11 +65,90 @@ EXPECTED_VECTORS = {
     "message-form-pickle",
 }
 
+EXPECTED_REJECTS = {
+    "preamble-magic-lf",
+    "preamble-version-0",
+    "preamble-body-length-19",
+    "preamble-body-length-1025",
+    "preamble-truncated",
+    "frames-count-over-max",
+    "frames-frame-over-max",
+    "frames-message-over-max",
+    "frames-message-size-overflow",
+    "frames-truncated-header",
+    "frames-truncated-frames",
+    "message-zero-frames",
+    "message-empty-body",
+    "message-truncated-body",
+    "message-trailing-bytes",
+    "message-type-c1",
+    "message-str-not-utf8",
+    "message-key-int",
+    "message-key-oob",
+    "message-key-pickle",
+    "message-key-timestamp",
+    "message-depth-1025",
+    "message-ext-type-3",
+    "message-ext-type-minus-2",
+    "message-timestamp-length",
+    "message-timestamp64-nanoseconds",
+    "message-timestamp96-nanoseconds",
+    "message-oob-fixext8",
+    "message-oob-index",
+    "message-pickle-disabled",
+    "message-pickle-empty",
+    "message-pickle-length",
+    "message-pickle-index",
+    "message-pickle-stream",
+}
+#: why the reference implementation rejects each message-layer vector
+REJECT_ERRORS = {
+    "message-zero-frames": "no body frame",
+    "message-empty-body": "malformed message body",
+    "message-truncated-body": "malformed message body",
+    "message-trailing-bytes": "malformed message body: ExtraData",
+    "message-type-c1": "malformed message body",
+    "message-str-not-utf8": "malformed message body: UnicodeDecodeError",
+    "message-key-int": "int is not allowed for map key",
+    "message-key-oob": "memoryview is not allowed for map key",
+    "message-key-pickle": "_Pickled is not allowed for map key",
+    "message-key-timestamp": "Timestamp is not allowed for map key",
+    "message-depth-1025": "malformed message body: StackError",
+    "message-ext-type-3": "unknown msgpack extension type 3$",
+    "message-ext-type-minus-2": "unknown msgpack extension type -2$",
+    "message-timestamp-length": "malformed message body: ValueError",
+    "message-timestamp64-nanoseconds": "nanoseconds must be",
+    "message-timestamp96-nanoseconds": "nanoseconds must be",
+    "message-oob-fixext8": "malformed out-of-band reference",
+    "message-oob-index": "out-of-band reference 1 but the message has 1 out-of-band frames",
+    "message-pickle-disabled": "pickle is not enabled",
+    "message-pickle-empty": "malformed pickle reference",
+    "message-pickle-length": "malformed pickle reference",
+    "message-pickle-index": "out-of-band reference 1 but the message has 1 out-of-band frames",
+    "message-pickle-stream": "cannot unpickle: EOFError",
+}
+
 _GOLDEN_BLOCK = re.compile(
     r"^```hex golden:(?P<name>[A-Za-z0-9._-]+)[ \t]*\n(?P<body>.*?)^```[ \t]*$",
     re.MULTILINE | re.DOTALL,
 )
+_REJECT_BLOCK = re.compile(
+    r"^```hex reject:(?P<name>[A-Za-z0-9._-]+)[ \t]*\n(?P<body>.*?)^```[ \t]*$",
+    re.MULTILINE | re.DOTALL,
+)
 _HEX_BYTE = re.compile(r"[0-9A-Fa-f]{2}")
+#: a token of a reject vector: a byte, or ``XX*N`` for N bytes XX
+_REJECT_TOKEN = re.compile(r"(?P<byte>[0-9A-Fa-f]{2})(?:\*(?P<count>[1-9][0-9]*))?")
+#: the paragraph after a reject vector
+_REJECT_NOTE = re.compile(
+    r"Receiver: (?P<receiver>.+?)\. Violates section (?P<section>[0-9]+(?:\.[0-9]+)?): "
+    r"(?P<rule>.+?)\. Detected (?P<when>at byte (?P<byte>[0-9]+), the last of the vector"
+    r"|at the end of the stream, which follows the vector|when the message is decoded)[.,( ]"
+)
+_LIMIT_VALUE = re.compile(
+    r"`(?P<name>max_frames|max_frame_size|max_message_size)` "
+    r"(?:2\^(?P<power>[0-9]+)(?P<less> - 1)?|(?P<number>[0-9]+))"
+)
 
 CUSTOM_LIMITS = Limits(max_frames=8, max_frame_size=65536, max_message_size=1_000_000)
 V2_EXTRA = bytes(range(1, 9))
@@ -115,6 +197,49 @@ def parse_golden(text: str) -> dict[str, bytes]:
     return vectors
 
 
+def parse_reject(text: str) -> dict[str, bytes]:
+    """Return every ``hex reject:NAME`` block of ``text`` as ``{NAME: bytes}``."""
+    vectors: dict[str, bytes] = {}
+    for match in _REJECT_BLOCK.finditer(text):
+        name = match["name"]
+        assert name not in vectors, f"reject vector {name!r} appears twice"
+        tokens = match["body"].split()
+        assert tokens, f"reject vector {name!r} is empty"
+        data = bytearray()
+        for token in tokens:
+            parsed = _REJECT_TOKEN.fullmatch(token)
+            assert parsed, f"reject vector {name!r}: not a byte or XX*N: {token!r}"
+            data += bytes.fromhex(parsed["byte"]) * int(parsed["count"] or 1)
+        vectors[name] = bytes(data)
+    return vectors
+
+
+def reject_notes(text: str) -> dict[str, re.Match[str]]:
+    """The paragraph after each reject vector, parsed."""
+    notes = {}
+    for match in _REJECT_BLOCK.finditer(text):
+        paragraph = text[match.end() :].lstrip("\n").split("\n\n", 1)[0]
+        note = _REJECT_NOTE.match(" ".join(paragraph.split()))
+        assert note, f"reject vector {match['name']!r}: no Receiver/Violates/Detected note"
+        notes[match["name"]] = note
+    return notes
+
+
+def receiver_of(note: re.Match[str]) -> tuple[Limits, bool]:
+    """The limits and pickle setting a reject vector's note gives its receiver."""
+    receiver = note["receiver"]
+    values = {}
+    for value in _LIMIT_VALUE.finditer(receiver):
+        if value["number"] is not None:
+            values[value["name"]] = int(value["number"])
+        else:
+            values[value["name"]] = 2 ** int(value["power"]) - (1 if value["less"] else 0)
+    if not values:
+        assert receiver.split(",")[0] in {"any limits", "the default limits"}, receiver
+    allow_pickle = receiver.endswith(", pickle enabled")
+    return Limits(**values), allow_pickle
+
+
 def parse_table(text: str, anchor: str) -> list[list[str]]:
     """Return the body rows of the Markdown table following ``<!-- anchor -->``."""
     lines = text.split(f"<!-- {anchor} -->\n", 1)[1].splitlines()
@@ -139,6 +264,16 @@ def vectors(doc: str) -> dict[str, bytes]:
     return parse_golden(doc)
 
 
+@pytest.fixture(scope="module")
+def rejects(doc: str) -> dict[str, bytes]:
+    return parse_reject(doc)
+
+
+@pytest.fixture(scope="module")
+def notes(doc: str) -> dict[str, re.Match[str]]:
+    return reject_notes(doc)
+
+
 def test_golden_block_pattern_is_strict():
     text = "intro\n```hex golden:x\n01 ab\nCD\n```\n\n```hex golden:y\n0g\n```\n"
     with pytest.raises(AssertionError, match="not hex byte pairs"):
@@ -146,17 +281,60 @@ def test_golden_block_pattern_is_strict():
     assert parse_golden(text.split("\n\n")[0] + "\n") == {"x": b"\x01\xab\xcd"}
 
 
-def test_all_vectors_present(vectors: dict[str, bytes]):
+def test_reject_block_pattern_is_strict():
+    text = "```hex reject:x\n01 ab*2\n90*3 CD\n```\n\n```hex reject:y\n91**2\n```\n"
+    with pytest.raises(AssertionError, match="not a byte or XX"):
+        parse_reject(text)
+    assert parse_reject(text.split("\n\n")[0] + "\n") == {"x": bytes.fromhex("01abab909090cd")}
+    for token in ("91*0", "91*", "9*2", "91*-1", "911"):
+        with pytest.raises(AssertionError, match="not a byte or XX"):
+            parse_reject(f"```hex reject:z\n{token}\n```\n")
+
+
+def test_every_hex_block_is_a_golden_or_reject_vector(doc: str):
+    blocks = [line for line in doc.splitlines() if line.startswith("```hex")]
+    pattern = re.compile(r"```hex (golden|reject):[A-Za-z0-9._-]+")
+    assert [line for line in blocks if not pattern.fullmatch(line)] == []
+    assert len(blocks) == len(EXPECTED_VECTORS) + len(EXPECTED_REJECTS)
+
+
+def test_all_vectors_present(vectors: dict[str, bytes], rejects: dict[str, bytes]):
     assert set(vectors) == EXPECTED_VECTORS
+    assert set(rejects) == EXPECTED_REJECTS
+    assert set(REJECT_ERRORS) == {name for name in EXPECTED_REJECTS if name.startswith("message-")}
 
 
 def test_every_vector_has_a_description(doc: str):
     lines = doc.splitlines()
     for index, line in enumerate(lines):
-        if line.startswith("```hex golden:"):
+        if line.startswith(("```hex golden:", "```hex reject:")):
             previous = [text for text in lines[:index] if text.strip()][-1]
             assert not previous.startswith(("```", "#", "|")), line
             assert previous.rstrip().endswith(":"), line
+
+
+def test_every_reject_vector_has_a_description(
+    doc: str, rejects: dict[str, bytes], notes: dict[str, re.Match[str]]
+):
+    # All in section 11.4, the last subsection of section 11.
+    section = doc.split("\n### 11.4 Rejected inputs\n", 1)[1]
+    assert "\n## " not in section and "\n### " not in section
+    assert set(parse_reject(section)) == EXPECTED_REJECTS
+    headings = {
+        heading.split(" ")[1].rstrip(".")
+        for heading in doc.splitlines()
+        if heading.startswith(("## ", "### "))
+    }
+    assert set(notes) == EXPECTED_REJECTS
+    for name, note in notes.items():
+        assert note["section"] in headings, f"{name}: no section {note['section']}"
+        receiver_of(note)
+        if name.startswith("message-"):
+            assert note["when"] == "when the message is decoded", name
+        elif "truncated" in name:
+            assert note["when"].startswith("at the end of the stream"), name
+        else:
+            assert int(note["byte"]) == len(rejects[name]), name
 
 
 # -- decoding helpers -------------------------------------------------------
@@ -549,3 +727,64 @@ def test_sender_depth_figure(doc: str):
         timeout=60,
     )
     assert result.stdout.split() == ["998", "999"]
+
+
+# -- rejected inputs ---------------------------------------------------------
+
+
+def preamble_default() -> bytes:
+    return encode_preamble(Limits())
+
+
+@pytest.mark.parametrize(
+    "name", sorted(name for name in EXPECTED_REJECTS if not name.startswith("message-"))
+)
+def test_reject_frames_layer(
+    rejects: dict[str, bytes], notes: dict[str, re.Match[str]], name: str
+):
+    vector = rejects[name]
+    limits, _ = receiver_of(notes[name])
+    decoder = FrameDecoder(limits)
+    if name.startswith("preamble-"):
+        step = decoder.next_handshake
+    else:
+        decoder.feed(preamble_default())
+        assert decoder.next_handshake() is not None
+        step = decoder.next_message  # type: ignore[assignment]
+    # Every byte but the last is a valid beginning: nothing fails before it.
+    for i in range(len(vector) - 1):
+        decoder.feed(vector[i : i + 1])
+        assert step() is None, f"{name}: failed at byte {i + 1}"
+    decoder.feed(vector[-1:])
+    if "truncated" in name:
+        assert step() is None
+        decoder.receive_eof()
+        with pytest.raises(EndOfData) as exc_info:
+            step()
+        assert exc_info.value.truncated
+    else:
+        # Detected at the last byte, without waiting for more.
+        with pytest.raises(RemoteProtocolError):
+            step()
+    # The error is final: every later call raises it again.
+    with pytest.raises((RemoteProtocolError, EndOfData)):
+        step()
+
+
+@pytest.mark.parametrize("name", sorted(REJECT_ERRORS))
+def test_reject_message_layer(
+    rejects: dict[str, bytes], notes: dict[str, re.Match[str]], name: str
+):
+    limits, allow_pickle = receiver_of(notes[name])
+    assert limits == Limits()
+    # A valid message of the frames layer, whole, nothing left over...
+    decoder = FrameDecoder(limits)
+    decoder.feed(preamble_default())
+    assert decoder.next_handshake() is not None
+    decoder.feed(rejects[name])
+    frames = decoder.next_message()
+    assert frames is not None
+    assert decoder.at_message_boundary
+    # ... that the message layer rejects, for the stated reason.
+    with pytest.raises(RemoteProtocolError, match=REJECT_ERRORS[name]):
+        Serializer(allow_pickle=allow_pickle).loads(frames)
