@@ -19,6 +19,9 @@ if _typing.TYPE_CHECKING:
     from ._exceptions import IdleTimeoutError as IdleTimeoutError
     from ._exceptions import LocalProtocolError as LocalProtocolError
     from ._exceptions import MessageTimeoutError as MessageTimeoutError
+    from ._exceptions import PeerClosed as PeerClosed
+    from ._exceptions import PeerClosedError as PeerClosedError
+    from ._exceptions import PeerClosedOK as PeerClosedOK
     from ._exceptions import ProtocolError as ProtocolError
     from ._exceptions import ReceiveBudgetError as ReceiveBudgetError
     from ._exceptions import RemoteProtocolError as RemoteProtocolError
@@ -30,8 +33,11 @@ if _typing.TYPE_CHECKING:
     from ._options import Options as Options
     from ._sansio.budget import ReceiveBudget as ReceiveBudget
     from ._sansio.buffers import Allocator as Allocator
+    from ._sansio.close import CloseCode as CloseCode
+    from ._sansio.close import CloseReason as CloseReason
     from ._sansio.pool import BufferPool as BufferPool
     from ._sansio.pool import PoolStatistics as PoolStatistics
+    from ._sansio.wire import Capability as Capability
     from ._sansio.wire import Handshake as Handshake
     from ._sansio.wire import Limits as Limits
 
@@ -41,6 +47,9 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Allocator": "._sansio.buffers",
     "BufferPool": "._sansio.pool",
+    "Capability": "._sansio.wire",
+    "CloseCode": "._sansio.close",
+    "CloseReason": "._sansio.close",
     "Comm": "._comm",
     "CommAttribute": "._comm",
     "CommError": "._exceptions",
@@ -52,6 +61,9 @@ _EXPORTS = {
     "LocalProtocolError": "._exceptions",
     "MessageTimeoutError": "._exceptions",
     "Options": "._options",
+    "PeerClosed": "._exceptions",
+    "PeerClosedError": "._exceptions",
+    "PeerClosedOK": "._exceptions",
     "PoolStatistics": "._sansio.pool",
     "ProtocolError": "._exceptions",
     "ReceiveBudget": "._sansio.budget",
@@ -68,6 +80,9 @@ _EXPORTS = {
 __all__ = [
     "Allocator",
     "BufferPool",
+    "Capability",
+    "CloseCode",
+    "CloseReason",
     "Comm",
     "CommAttribute",
     "CommError",
@@ -79,6 +94,9 @@ __all__ = [
     "LocalProtocolError",
     "MessageTimeoutError",
     "Options",
+    "PeerClosed",
+    "PeerClosedError",
+    "PeerClosedOK",
     "PoolStatistics",
     "ProtocolError",
     "ReceiveBudget",

@@ -12,8 +12,18 @@ State machine::
     OPEN ──aclose() / abort()────────────────────► CLOSED
       │                                               ▲
       └─ connection error, protocol error from the ───┘ aclose()
-         peer, EOF inside a message, or a send
-         cancelled after part of it was written ──► BROKEN
+         peer, EOF inside a message, a send
+         cancelled after part of it was written,
+         or the peer's close record ──────────────► BROKEN
+
+Close records: when the peer announced the ``CLOSE_REASONS`` capability, a
+comm that closes for a reason of its own (the peer broke the protocol or a
+limit, a timeout, ``aclose(reason)``, a listener's handler failing or its
+shutdown) first writes a close record saying why, if no send is under way (a
+record cannot go in the middle of a message), within
+``CLOSE_RECORD_TIMEOUT`` (1 second). The peer's record is reported by ``receive()``
+after every message before it, as :exc:`PeerClosedOK` or
+:exc:`PeerClosedError`.
 
 Scheduling: every ``send`` and ``receive`` is a cancellation point, and no
 more than two operations in a row on a comm complete without letting other
@@ -71,13 +81,17 @@ from ._exceptions import (
     IdleTimeoutError,
     LocalProtocolError,
     MessageTimeoutError,
+    PeerClosed,
+    PeerClosedError,
     ReceiveBudgetError,
     RemoteProtocolError,
 )
 from ._receivers import start_receiver
+from ._sansio.close import CloseCode, CloseReason, reason_for_protocol_error
 from ._sansio.connection import Connection, ConnectionState
 from ._sansio.decoder import EndOfData
 from ._sansio.pool import BufferPool
+from ._sansio.wire import Capability
 from ._util import ConflictDetector
 
 if TYPE_CHECKING:
@@ -94,6 +108,10 @@ if TYPE_CHECKING:
 __all__ = ["Comm", "CommAttribute", "IdleHook", "current_buffer_pool", "establish"]
 
 logger = logging.getLogger("anyio_comm")
+
+#: seconds a comm that closes gives its close record to be written (a peer
+#: that reads nothing can leave the socket unable to take even these bytes)
+CLOSE_RECORD_TIMEOUT: Final = 1.0
 
 
 class _State(enum.Enum):
@@ -186,6 +204,7 @@ class Comm(ObjectStream[Any]):
         "_message_waited",
         "_min_receive_rate",
         "_peer_address",
+        "_peer_reason",
         "_pending",
         "_receive_guard",
         "_receiver",
@@ -240,6 +259,8 @@ class Comm(ObjectStream[Any]):
         self._message_waited = 0.0
         # why the comm broke, when it was closed for a reason of its own
         self._error: BrokenResourceError | None = None
+        # what the peer's close record said, once a receive reached it
+        self._peer_reason: CloseReason | None = None
         self._hook = hook
         account = conn.decoder.account
         if account is not None:
@@ -275,6 +296,12 @@ class Comm(ObjectStream[Any]):
         """Seconds :meth:`receive` waits for the next byte before failing with
         :exc:`IdleTimeoutError` (``None``: no limit)."""
         return self._idle_timeout
+
+    @property
+    def peer_close_reason(self) -> CloseReason | None:
+        """What the peer's close record said, once :meth:`receive` reached it
+        (``None`` before, and when the peer closed without one)."""
+        return self._peer_reason
 
     @property
     def closed(self) -> bool:
@@ -319,6 +346,10 @@ class Comm(ObjectStream[Any]):
 
         Raises:
             anyio.EndOfStream: the peer closed (or sent EOF) cleanly.
+            PeerClosedOK: the peer closed cleanly and said why (an
+                :exc:`anyio.EndOfStream`).
+            PeerClosedError: the peer closed because of an error and said
+                which (an :exc:`anyio.BrokenResourceError`).
             anyio.ClosedResourceError: this comm was closed by us.
             anyio.BrokenResourceError: the connection failed.
             anyio.BusyResourceError: another task is already receiving.
@@ -330,8 +361,9 @@ class Comm(ObjectStream[Any]):
         frames = await self.receive_frames()
         try:
             return self._serializer.loads(frames)
-        except RemoteProtocolError:
-            await self._fail()
+        except RemoteProtocolError as exc:
+            exc.rule = "message-layer"
+            await self._fail(reason=reason_for_protocol_error(exc))
             raise
 
     async def receive_frames(self) -> list[memoryview]:
@@ -343,6 +375,10 @@ class Comm(ObjectStream[Any]):
 
         Raises:
             anyio.EndOfStream: the peer closed (or sent EOF) cleanly.
+            PeerClosedOK: the peer closed cleanly and said why (an
+                :exc:`anyio.EndOfStream`).
+            PeerClosedError: the peer closed because of an error and said
+                which (an :exc:`anyio.BrokenResourceError`).
             anyio.ClosedResourceError: this comm was closed by us.
             anyio.BrokenResourceError: the connection failed.
             anyio.BusyResourceError: another task is already receiving.
@@ -357,7 +393,7 @@ class Comm(ObjectStream[Any]):
         guard.held = True
         try:
             if self._state is not _OPEN:
-                self._check_state()
+                self._check_state(receiving=True)
             frames = self._pending
             if frames is None:
                 receiver = self._receiver
@@ -395,12 +431,19 @@ class Comm(ObjectStream[Any]):
                     if exc.truncated:
                         await self._fail()
                         raise BrokenResourceError(str(exc)) from None
+                    if exc.reason is not None:
+                        self._peer_reason = exc.reason
+                        await self._fail(graceful=True)
+                        raise PeerClosed.of(exc.reason) from None
                     raise EndOfStream from None
-                except (RemoteProtocolError, BrokenResourceError):
+                except RemoteProtocolError as exc:
+                    await self._fail(reason=reason_for_protocol_error(exc))
+                    raise
+                except BrokenResourceError:
                     await self._fail()
                     raise
                 except ClosedResourceError:
-                    self._check_state()
+                    self._check_state(receiving=True)
                     raise
             else:
                 self._pending = None
@@ -463,13 +506,16 @@ class Comm(ObjectStream[Any]):
             if self._min_receive_rate:
                 allowance += received / self._min_receive_rate
             if allowance <= 0:
-                await self._fail()
-                raise MessageTimeoutError(
+                error = MessageTimeoutError(
                     f"a message did not complete in time: {received} bytes of it arrived "
                     f"in {self._message_waited:.3g} s of waiting (message_timeout "
                     f"{message_timeout:g} s, min_receive_rate {self._min_receive_rate} "
                     "bytes/s)"
                 )
+                await self._fail(
+                    reason=CloseReason.shortened(CloseCode.MESSAGE_TIMEOUT, "", str(error))
+                )
+                raise error
             timeout = min(timeout, allowance)
         started = current_time()
         with move_on_after(timeout) as scope:
@@ -479,8 +525,11 @@ class Comm(ObjectStream[Any]):
         if scope.cancelled_caught and timeout == idle_timeout:
             # Between messages the peer loses nothing: close gracefully (it sees
             # the end of the stream); inside a message, break the connection.
-            await self._fail(graceful=receiver.at_message_boundary)
-            raise IdleTimeoutError(f"nothing received for {idle_timeout:g} s")
+            text = f"nothing received for {idle_timeout:g} s"
+            boundary = receiver.at_message_boundary
+            code = CloseCode.IDLE_TIMEOUT if boundary else CloseCode.MESSAGE_TIMEOUT
+            await self._fail(graceful=boundary, reason=CloseReason(code, "", text))
+            raise IdleTimeoutError(text)
         # (the message's allowance ran out: the caller reads what arrived, and
         # the next wait fails unless that was enough)
 
@@ -570,10 +619,15 @@ class Comm(ObjectStream[Any]):
             except ClosedResourceError:
                 self._check_state()
                 raise
-            except BaseException:
+            except BaseException as exc:
                 if transport.send_interrupted:
                     conn.send_failed()
                     await self._fail()
+                if isinstance(exc, BrokenResourceError):
+                    # The peer may have said why it closed: report that.
+                    end = conn.decoder.end_error
+                    if isinstance(end, EndOfData) and end.reason is not None:
+                        raise PeerClosedError(end.reason) from exc
                 raise
             if waited:
                 self._yield_due = False
@@ -626,37 +680,79 @@ class Comm(ObjectStream[Any]):
             self._receiver.close()
             self._transport.abort()
 
-    async def aclose(self) -> None:
+    async def aclose(self, reason: CloseReason | None = None) -> None:
         """Close the connection. Idempotent; tasks blocked in :meth:`receive`
         or :meth:`send` get :exc:`anyio.ClosedResourceError`.
+
+        Args:
+            reason: tell the peer why, in a close record, before closing (when
+                the peer announced the ``CLOSE_REASONS`` capability, the comm
+                was open and no send is under way; written within
+                ``CLOSE_RECORD_TIMEOUT`` (1 second), even when the caller is
+                cancelled). Its receive then raises :exc:`PeerClosedOK` or
+                :exc:`PeerClosedError`, by ``reason.clean``. Without a reason,
+                the peer sees the end of the stream.
         """
         if self._state is not _State.CLOSED:
+            was_open = self._state is _OPEN
             self._state = _State.CLOSED
             self._receiver.close()
+            if reason is not None and was_open:
+                await self._tell_peer(reason)
         # Every transport's aclose() is idempotent; after abort() it still closes
         # what abort() could not (a byte stream without a synchronous close()).
         await self._transport.aclose()
 
-    async def _fail(self, *, graceful: bool = False) -> None:
+    async def _fail(self, *, graceful: bool = False, reason: CloseReason | None = None) -> None:
         """Mark the comm broken and close the transport, even under cancellation.
 
         ``graceful`` closes it as :meth:`aclose` does (TLS sends close_notify);
-        otherwise it is aborted.
+        otherwise it is aborted. With a ``reason``, a close record says it to the
+        peer first where one can be sent (then the close is graceful).
         """
         if self._state is _State.OPEN:
             self._state = _State.BROKEN
             self._receiver.close()
             with CancelScope(shield=True):
+                if reason is not None and await self._tell_peer(reason):
+                    graceful = True
                 if graceful:
                     await self._transport.aclose()
                 else:
                     self._transport.abort()
                     await aclose_forcefully(self._transport)
 
-    def _check_state(self) -> None:
+    async def _tell_peer(self, reason: CloseReason) -> bool:
+        """Write a close record saying ``reason``, if the peer accepts them and no
+        send is under way; return whether it was written. Shielded from
+        cancellation, bounded by ``CLOSE_RECORD_TIMEOUT`` (1 second); never raises."""
+        conn = self._conn
+        guard = self._send_guard
+        if (
+            guard.held
+            or conn.our_state is not _CONN_OPEN
+            or not conn.peer_accepts(Capability.CLOSE_REASONS)
+        ):
+            return False
+        record = conn.close_record(reason)
+        guard.held = True
+        try:
+            with move_on_after(CLOSE_RECORD_TIMEOUT, shield=True):
+                await self._transport.send_all([record])
+                return True
+        except (BrokenResourceError, ClosedResourceError, OSError) as exc:
+            logger.debug("the close record to %s was not sent: %r", self._peer_address, exc)
+        finally:
+            guard.held = False
+        return False
+
+    def _check_state(self, *, receiving: bool = False) -> None:
         if self._state is _State.CLOSED:
             raise ClosedResourceError
         if self._state is _State.BROKEN:
+            reason = self._peer_reason
+            if reason is not None:
+                raise PeerClosed.of(reason) if receiving else PeerClosedError(reason)
             error = self._error
             if error is not None:
                 raise type(error)(*error.args)
@@ -709,11 +805,16 @@ async def establish(
         wake_on_bytes=options.idle_timeout is not None,
         wake_on_partial=options.message_timeout is not None,
     )
+    peer = conn.peer
+    assert peer is not None
     return Comm(
         transport,
         conn,
         receiver,
-        options.serializer(),
+        # A version-1 peer says nothing: pickle is agreed outside the protocol.
+        options.serializer(
+            peer_accepts_pickle=peer.version < 2 or Capability.PICKLE in peer.capabilities
+        ),
         local_address=local_address,
         peer_address=peer_address,
         idle_timeout=options.idle_timeout,
@@ -745,11 +846,15 @@ def current_buffer_pool() -> BufferPool:
 async def _exchange_preambles(
     transport: Transport, options: Options, account: BudgetAccount | None
 ) -> Connection:
+    capabilities = {Capability.CLOSE_REASONS}
+    if options.allow_pickle:
+        capabilities.add(Capability.PICKLE)
     conn = Connection(
         options.limits,
         read_buffer_size=options.read_buffer_size,
         allocator=options.allocator or current_buffer_pool(),
         account=account,
+        capabilities=capabilities,
     )
     await transport.handshake()
     await transport.send_all([conn.preamble()])

@@ -20,6 +20,14 @@ The package's own errors form this tree::
      │    └── RemoteProtocolError     the peer sent bytes that break the wire
      │                                format or the message encoding; the
      │                                connection has been closed
+     ├── PeerClosed                   the peer closed the connection and said why
+     │    │                           in a close record (its ``reason``)
+     │    ├── PeerClosedOK            (also an anyio.EndOfStream) ... cleanly:
+     │    │                           NORMAL, GOING_AWAY, IDLE_TIMEOUT or an
+     │    │                           application's clean code
+     │    └── PeerClosedError         (also an anyio.BrokenResourceError) ...
+     │                                because of an error: a message may
+     │                                have been lost
      ├── SerializationError           (also a TypeError) a message cannot be
      │                                encoded; nothing was sent
      ├── IdleTimeoutError             (also an anyio.BrokenResourceError and a
@@ -39,7 +47,9 @@ The package's own errors form this tree::
 
 from __future__ import annotations
 
-from anyio import BrokenResourceError
+from typing import TYPE_CHECKING
+
+from anyio import BrokenResourceError, EndOfStream
 
 from ._sansio.errors import (
     CommError,
@@ -49,11 +59,17 @@ from ._sansio.errors import (
     SerializationError,
 )
 
+if TYPE_CHECKING:
+    from ._sansio.close import CloseReason
+
 __all__ = [
     "CommError",
     "IdleTimeoutError",
     "LocalProtocolError",
     "MessageTimeoutError",
+    "PeerClosed",
+    "PeerClosedError",
+    "PeerClosedOK",
     "ProtocolError",
     "ReceiveBudgetError",
     "RemoteProtocolError",
@@ -90,4 +106,47 @@ class ReceiveBudgetError(CommError, BrokenResourceError):
     application has not taken) without any progress for the budget's
     ``stall_timeout`` while other connections wait for budget. The message says
     how much it held and for how long.
+    """
+
+
+class PeerClosed(CommError):
+    """The peer closed the connection and said why, in a close record.
+
+    Raised by :meth:`Comm.receive <anyio_comm.Comm.receive>` once every message
+    the peer sent before the record was received (as :exc:`PeerClosedOK` or
+    :exc:`PeerClosedError`, never as this class itself), and by later sends.
+    Peers that do not announce the ``CLOSE_REASONS`` capability (every
+    version-1 peer) send no close records: their close is an end of stream.
+
+    Attributes:
+        reason: what the record said (:class:`~anyio_comm.CloseReason`).
+    """
+
+    def __init__(self, reason: CloseReason) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return f"the peer closed the connection: {self.reason}"
+
+    @staticmethod
+    def of(reason: CloseReason) -> PeerClosedOK | PeerClosedError:
+        """The exception a receive raises for ``reason``."""
+        return PeerClosedOK(reason) if reason.clean else PeerClosedError(reason)
+
+
+class PeerClosedOK(PeerClosed, EndOfStream):
+    """The peer closed the connection cleanly and said why (``reason.clean``):
+    every message it sent was received, and it dropped nothing we sent that it
+    had received. An :exc:`anyio.EndOfStream`, so ``async for`` over the comm
+    ends quietly (:attr:`Comm.peer_close_reason <anyio_comm.Comm.peer_close_reason>`
+    keeps the reason).
+    """
+
+
+class PeerClosedError(PeerClosed, BrokenResourceError):
+    """The peer closed the connection because of an error, and said which
+    (a protocol error on our side, a limit, a timeout, its handler's failure):
+    a message may have been lost. Also raised by a send after the peer closed
+    (whatever its reason: nothing more can be delivered).
     """

@@ -13,8 +13,12 @@ because the connection ended (``EndOfStream``, ``BrokenResourceError``,
 other exception from a handler is a bug or an error of the application: it is
 logged with its traceback at ERROR level on the ``anyio_comm`` logger. Either
 way only that connection is closed (gracefully: replies the handler sent before
-are still delivered, so the peer sees the end of the stream) and the listener
-keeps serving.
+are still delivered) and the listener keeps serving. A peer that announced the
+``CLOSE_REASONS`` capability is told why in a close record: ``HANDLER_ERROR``
+with the exception's class name and message (never its traceback) after a
+handler's exception, ``GOING_AWAY`` when the listener stops the handler (its
+shutdown, or leaving :func:`listen`); a handler that returns closes with the
+end of the stream.
 
 Limits and shutdown: with ``max_connections``, the accept loops stop
 accepting while that many connections (handshaking or in a handler) are open;
@@ -63,6 +67,7 @@ from ._exceptions import ProtocolError, RemoteProtocolError
 from ._inproc import register, unregister
 from ._options import Options, OptionsKeywords, resolve_options
 from ._sansio.budget import DEFAULT_RECEIVE_BUDGET, ReceiveBudget
+from ._sansio.close import CloseCode, CloseReason
 from ._transports.rawsocket import SocketTransport
 from ._transports.stream import StreamTransport
 from ._transports.tls import TLSTransport
@@ -101,6 +106,8 @@ _CONNECTION_ENDED: Final = (
 )
 #: accept() errors that mean "out of resources": back off, then retry
 _RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
+#: the close record of a connection whose handler the listener stopped
+_GOING_AWAY: Final = CloseReason(CloseCode.GOING_AWAY, "", "the listener is shutting down")
 _ACCEPT_BATCH: Final = 64
 
 
@@ -402,16 +409,23 @@ class _Server:
             raise
         connection.established = True  # (a shutdown during the handshake cancelled the scope)
         self.active += 1
+        reason: CloseReason | None = None
         try:
             try:
                 await self.handler(comm)
             except _CONNECTION_ENDED as exc:
                 logger.debug("connection %s ended: %r", peer, exc)
-            except Exception:
+            except Exception as exc:
                 logger.exception("connection handler for %s raised", peer)
+                reason = CloseReason.shortened(
+                    CloseCode.HANDLER_ERROR, type(exc).__name__, str(exc)
+                )
+            except anyio.get_cancelled_exc_class():
+                reason = _GOING_AWAY
+                raise
         finally:
             self.active -= 1
-            await comm.aclose()
+            await comm.aclose(reason)
 
     def stop_accepting(self) -> None:
         self.accepting_stopped = True

@@ -64,7 +64,11 @@ class Options:
         oob_threshold: bytes-like values of at least this size travel as
             out-of-band frames.
         allow_pickle: pickle what msgpack cannot encode and accept pickled data
-            from the peer. Trusted peers only.
+            from the peer. Trusted peers only. Announced to the peer (the
+            ``PICKLE`` capability): towards a peer that did not announce it in
+            turn, nothing is pickled (such a message raises
+            :exc:`~anyio_comm.SerializationError`); a version-1 peer announces
+            nothing, so towards it pickle is used as configured.
         handshake_timeout: seconds for the TLS handshake and the preamble
             exchange of a new connection (``None``: no limit). A listener drops
             a connection that takes longer; :func:`~anyio_comm.connect` fails
@@ -129,9 +133,14 @@ class Options:
         check_seconds("message_timeout", self.message_timeout)
         check_seconds("keepalive", self.keepalive)
 
-    def serializer(self) -> Serializer:
-        """A serializer with these options' ``oob_threshold`` and ``allow_pickle``."""
-        return Serializer(oob_threshold=self.oob_threshold, allow_pickle=self.allow_pickle)
+    def serializer(self, *, peer_accepts_pickle: bool = True) -> Serializer:
+        """A serializer with these options' ``oob_threshold`` and ``allow_pickle``
+        (pickling nothing when not ``peer_accepts_pickle``)."""
+        return Serializer(
+            oob_threshold=self.oob_threshold,
+            allow_pickle=self.allow_pickle,
+            peer_accepts_pickle=peer_accepts_pickle,
+        )
 
 
 class OptionsKeywords(TypedDict, total=False):

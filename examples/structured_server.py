@@ -2,10 +2,10 @@
 
 ``await tg.start(anyio_comm.serve, address, handler)`` returns the ``Listener`` once it
 is bound; clients then run in the same task group. A handler that raises is logged at
-ERROR on the ``anyio_comm`` logger and only its connection is closed: the listener keeps
-serving. Cancelling the
-task group stops everything: the listener, every handler (each connection is closed)
-and the clients still running.
+ERROR on the ``anyio_comm`` logger and only its connection is closed, telling the client
+why (``PeerClosedError`` with the exception's class name and message): the listener
+keeps serving. Cancelling the task group stops everything: the listener, every handler
+(each connection is closed) and the clients still running.
 """
 
 from __future__ import annotations
@@ -52,8 +52,8 @@ async def main() -> None:
                 await comm.send({"op": "fail"})
                 try:
                     await comm.receive()
-                except anyio.EndOfStream:
-                    print("the failing request's connection was closed by the server")
+                except anyio_comm.PeerClosedError as exc:
+                    print(f"the server closed the failing request's connection: {exc.reason}")
             await client(listener.address, 4)  # the listener is still serving
 
             tg.cancel_scope.cancel()  # stops serve, its handlers and idle_client

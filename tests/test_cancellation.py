@@ -57,7 +57,8 @@ from anyio.lowlevel import checkpoint
 
 import anyio_comm
 from anyio_comm import Comm, Limits
-from anyio_comm._sansio.wire import encode_preamble
+from anyio_comm._sansio.close import CloseCode, CloseReason, encode_close_record
+from anyio_comm._sansio.wire import Capability, encode_preamble
 
 from .certs import client_context, server_context
 from .faultproxy import FaultProxy, Policy
@@ -528,7 +529,11 @@ async def test_connect_cancelled_at_every_checkpoint(
     assert_nothing_logged_above_debug(caplog)
 
 
-PREAMBLE = encode_preamble(Limits())
+PREAMBLE = encode_preamble(Limits(), {Capability.CLOSE_REASONS})
+#: what a listener that stops a handler tells a client that accepts close records
+GOING_AWAY = encode_close_record(
+    CloseReason(CloseCode.GOING_AWAY, "", "the listener is shutting down")
+)
 
 
 async def trickle_preamble(stream: anyio.abc.ByteStream) -> None:
@@ -550,7 +555,8 @@ async def read_to_end(stream: anyio.abc.ByteStream, received: bytearray) -> None
 async def test_listener_cancelled_during_handshake(caplog: pytest.LogCaptureFixture) -> None:
     """A raw client trickles its preamble; the listener (its accept loop, the
     handshake, then the handler) is cancelled after k turns. Everything closes, and
-    the client receives nothing or exactly the listener's preamble before the end."""
+    the client receives nothing, or exactly the listener's preamble and, once the
+    handler ran, the close record of a listener going away, before the end."""
     caplog.set_level(logging.DEBUG, logger="anyio_comm")
     await open_and_close_a_stream()
     fds, tasks = open_fds(), running_tasks()
@@ -589,9 +595,9 @@ async def test_listener_cancelled_during_handshake(caplog: pytest.LogCaptureFixt
                         await checkpoint()
         outcomes["completed" if completed else "cancelled"] += 1
         if completed:
-            assert bytes(received) == PREAMBLE
+            assert bytes(received) == PREAMBLE + GOING_AWAY
         else:
-            assert bytes(received) in (b"", PREAMBLE)
+            assert bytes(received) in (b"", PREAMBLE, PREAMBLE + GOING_AWAY)
         outcomes["preamble received" if received else "nothing received"] += 1
         await assert_back_to(fds, tasks)
         return completed

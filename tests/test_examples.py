@@ -53,7 +53,10 @@ async def test_structured_server(
     out = capsys.readouterr().out
     for n in range(1, 5):
         assert f"client {n}: {n}**2 = {n * n}\n" in out
-    assert "the failing request's connection was closed by the server" in out
+    assert (
+        "the server closed the failing request's connection: "
+        "HANDLER_ERROR (RuntimeError: bug in the handler)\n"
+    ) in out
     assert out.endswith(
         "task group cancelled: listener, handlers and connections are all closed\n"
     )

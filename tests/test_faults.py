@@ -37,7 +37,7 @@ from anyio import BrokenResourceError, EndOfStream, wait_all_tasks_blocked
 from anyio.abc import SocketAttribute
 
 import anyio_comm
-from anyio_comm import Comm, IdleTimeoutError
+from anyio_comm import CloseCode, Comm, IdleTimeoutError, PeerClosedError, PeerClosedOK
 
 from .certs import client_context, server_context
 from .faultproxy import DIRECTIONS, FaultProxy, Policy
@@ -476,8 +476,17 @@ async def test_idle_timeout_on_stalled_peer(kind: str, where: str) -> None:
         if not boundary:
             proxy.resume()  # the handler, blocked sending the rest, now fails
         ending = await service.ending("proxied")
-        expected = EndOfStream if boundary else BrokenResourceError
-        assert type(ending.error) is expected and ending.received == [1]
+        assert ending.received == [1]
+        if boundary:
+            # the client said why: IDLE_TIMEOUT, a clean close (an EndOfStream)
+            assert type(ending.error) is PeerClosedOK
+            assert ending.error.reason.code is CloseCode.IDLE_TIMEOUT
+        else:
+            # the handler's send fails: the peer's close record, if it was read by
+            # then (MESSAGE_TIMEOUT: a message was cut short), else a broken pipe
+            assert type(ending.error) in (BrokenResourceError, PeerClosedError)
+            if isinstance(ending.error, PeerClosedError):
+                assert ending.error.reason.code is CloseCode.MESSAGE_TIMEOUT
 
 
 # --- slow, fragmented paths -----------------------------------------------------------------

@@ -43,7 +43,7 @@ from anyio_comm import (
 )
 from anyio_comm._sansio.decoder import EndOfData, FrameDecoder
 from anyio_comm._sansio.serialization import EXT_OOB, EXT_PICKLE, Serializer
-from anyio_comm._sansio.wire import Handshake, encode_header, encode_preamble
+from anyio_comm._sansio.wire import Capability, Handshake, encode_header, encode_preamble
 
 from .certs import client_context, server_context
 from .conftest import HAVE_UNIX
@@ -361,7 +361,9 @@ async def run_case(connect: Callable[[], Awaitable[ByteStream]], case: Case, see
         assert not scope.cancelled_caught, f"the listener never closed the connection: {where}"
     handshake, echoed = parse_reply(bytes(reply))
     if reply:
-        assert handshake == Handshake(1, LISTENER_LIMITS), where
+        assert handshake == Handshake(2, LISTENER_LIMITS, frozenset({Capability.CLOSE_REASONS})), (
+            where
+        )
     expected = case.prediction.echoes
     assert echoed == expected[: len(echoed)], where
     if case.prediction.graceful:  # nothing was cut short: every echo arrived

@@ -11,7 +11,7 @@ import pytest
 from anyio import BrokenResourceError, EndOfStream
 
 import anyio_comm
-from anyio_comm import Comm, RemoteProtocolError
+from anyio_comm import CloseCode, CloseReason, Comm, PeerClosedError, RemoteProtocolError
 from anyio_comm._sansio.wire import Limits, encode_header, encode_preamble
 
 from .certs import client_context, server_context
@@ -159,7 +159,9 @@ async def test_handler_errors_are_logged_and_contained(
     caplog: pytest.LogCaptureFixture, error: Exception
 ) -> None:
     """An application error in a handler is logged at ERROR, whatever its type; replies
-    sent before it are delivered, then the connection ends; the listener keeps serving."""
+    sent before it are delivered, then the client learns why the connection ended (a
+    close record: HANDLER_ERROR, the class name and the message); the listener keeps
+    serving."""
 
     async def buggy(comm: Comm) -> None:
         message = await comm.receive()
@@ -173,8 +175,16 @@ async def test_handler_errors_are_logged_and_contained(
             async with await anyio_comm.connect(listener.address) as comm:
                 await comm.send("boom")
                 assert await comm.receive() == "ack"
-                with anyio.fail_after(5), pytest.raises(EndOfStream):
+                with anyio.fail_after(5), pytest.raises(PeerClosedError) as info:
                     await comm.receive()
+                assert info.value.reason == CloseReason(
+                    CloseCode.HANDLER_ERROR, type(error).__name__, str(error)
+                )
+                assert comm.peer_close_reason == info.value.reason
+                with pytest.raises(PeerClosedError):  # and again
+                    await comm.receive()
+                with pytest.raises(PeerClosedError):  # a send after it fails too
+                    await comm.send("more")
             async with await anyio_comm.connect(listener.address) as comm:
                 await comm.send("fine")
                 assert await comm.receive() == "ack"

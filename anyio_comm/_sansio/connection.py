@@ -21,13 +21,20 @@ connection says what they mean and what may be sent.
   nothing and keeps no reference: if the I/O layer could not write all of
   them, it calls :meth:`send_failed`, since the byte stream is then unusable
   for framing. :meth:`send_eof` records that we send nothing more.
+* **Closing with a reason**: when the peer announced ``CLOSE_REASONS``,
+  :meth:`close_record` returns the bytes telling it why we close (our side
+  becomes CLOSED); the peer's record ends its direction like an EOF whose
+  :exc:`EndOfData` carries the reason.
+* **Capabilities**: our preamble announces ``capabilities``; on a version-2
+  connection, :attr:`peer` says what the peer announced, and
+  :attr:`peer_accepts` tells whether it accepts one.
 
 States (:class:`ConnectionState`), one per direction, as in h11::
 
-    their_state:  HANDSHAKE --preamble--> OPEN --EOF at a message boundary--> CLOSED
-                      |                    |
+    their_state:  HANDSHAKE --preamble--> OPEN --EOF at a message boundary,--> CLOSED
+                      |                    |      or a close record
                       +--------------------+--bad bytes, or EOF inside a message--> ERROR
-    our_state:    OPEN --send_eof()--> CLOSED
+    our_state:    OPEN --send_eof(), close_record()--> CLOSED
                     +---send_failed()--> ERROR
 
 Errors are sticky: once :meth:`next_message` raised
@@ -45,12 +52,21 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
+from .close import CloseReason, encode_close_record
 from .decoder import DEFAULT_READ_BUFFER_SIZE, EndOfData, FrameDecoder
 from .errors import LocalProtocolError
-from .wire import Handshake, Limits, encode_frames, encode_message, encode_preamble
+from .wire import (
+    PROTOCOL_VERSION,
+    Capability,
+    Handshake,
+    Limits,
+    encode_frames,
+    encode_message,
+    encode_preamble,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Iterable, Sequence
 
     from ._buffer import Buffer
     from .budget import BudgetAccount
@@ -85,16 +101,23 @@ class Connection:
         allocator: allocates each received frame's buffer.
         account: the receive budget's account that large messages are reserved
             from (see :mod:`anyio_comm._sansio.budget`); ``None``: no budget.
+        capabilities: what we announce that we accept (version 2 and later).
+            ``None``: ``CLOSE_REASONS`` only.
+        version: the highest protocol version we speak and announce (1 makes
+            this connection a version-1 side: no capabilities, no close records).
 
     Raises:
-        ValueError: ``read_buffer_size`` is below 4096.
+        ValueError: ``read_buffer_size`` is below 4096, or ``version`` is not
+            1 or 2.
     """
 
     __slots__ = (
+        "_capabilities",
         "_decoder",
         "_our_state",
         "_peer",
         "_send_max",
+        "_version",
         "buffer_updated",
         "get_buffer",
         "next_message",
@@ -119,9 +142,25 @@ class Connection:
         read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
         allocator: Allocator | None = None,
         account: BudgetAccount | None = None,
+        capabilities: Iterable[Capability] | None = None,
+        version: int = PROTOCOL_VERSION,
     ) -> None:
+        if version not in (1, PROTOCOL_VERSION):
+            raise ValueError(f"version must be 1 or {PROTOCOL_VERSION}, got {version}")
+        wanted = (
+            frozenset({Capability.CLOSE_REASONS})
+            if capabilities is None
+            else frozenset(capabilities)
+        )
+        self._capabilities = wanted if version >= 2 else frozenset()
+        self._version = version
         decoder = FrameDecoder(
-            limits, read_buffer_size=read_buffer_size, allocator=allocator, account=account
+            limits,
+            read_buffer_size=read_buffer_size,
+            allocator=allocator,
+            account=account,
+            version=version,
+            capabilities=self._capabilities,
         )
         self._decoder = decoder
         self.get_buffer = decoder.get_buffer
@@ -147,6 +186,16 @@ class Connection:
     def peer(self) -> Handshake | None:
         """What the peer announced in its preamble, or ``None`` before it arrived."""
         return self._peer
+
+    @property
+    def capabilities(self) -> frozenset[Capability]:
+        """What our preamble announces that we accept."""
+        return self._capabilities
+
+    def peer_accepts(self, capability: Capability) -> bool:
+        """True once the peer's preamble announced ``capability``."""
+        peer = self._peer
+        return peer is not None and capability in peer.capabilities
 
     @property
     def our_state(self) -> ConnectionState:
@@ -221,8 +270,9 @@ class Connection:
     # -- sending -------------------------------------------------------------
 
     def preamble(self) -> bytes:
-        """The bytes to send before anything else: our preamble, announcing our limits."""
-        return encode_preamble(self._decoder.limits)
+        """The bytes to send before anything else: our preamble, announcing our
+        limits and capabilities."""
+        return encode_preamble(self._decoder.limits, self._capabilities, self._version)
 
     def send_message(self, frames: Sequence[memoryview]) -> list[Buffer]:
         """Return the buffers of one gather write sending the message ``frames``
@@ -255,6 +305,21 @@ class Connection:
         if self._our_state is ConnectionState.ERROR:
             raise LocalProtocolError(self._why_not_sending())
         self._our_state = ConnectionState.CLOSED
+
+    def close_record(self, reason: CloseReason) -> bytes:
+        """Return the close record telling the peer ``reason``, to send as the
+        last bytes of our direction (our side becomes CLOSED).
+
+        Raises:
+            LocalProtocolError: the peer did not announce ``CLOSE_REASONS`` (or
+                its preamble has not arrived), or our side is not OPEN.
+        """
+        if self._our_state is not _OPEN or self._peer is None:
+            raise LocalProtocolError(self._why_not_sending())
+        if not self.peer_accepts(Capability.CLOSE_REASONS):
+            raise LocalProtocolError("the peer did not announce that it accepts close records")
+        self._our_state = ConnectionState.CLOSED
+        return encode_close_record(reason)
 
     def send_failed(self) -> None:
         """Record that the buffers of a message were not all written: our side

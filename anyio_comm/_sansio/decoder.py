@@ -78,9 +78,11 @@ from typing import Final, NoReturn
 
 from .budget import FRAME_COST, BudgetAccount
 from .buffers import Allocator, allocate, default_allocator
+from .close import CLOSE_MARKER, CloseReason, parse_close_record
 from .errors import RemoteProtocolError
 from .pool import ALIGNMENT, BufferPool
 from .wire import (
+    CAPABILITIES_VERSION,
     LENGTHS,
     MAGIC,
     MAX_PREAMBLE_BODY,
@@ -88,8 +90,10 @@ from .wire import (
     PREAMBLE_FIXED_SIZE,
     PROTOCOL_VERSION,
     SMALL_COUNT,
+    Capability,
     Handshake,
     Limits,
+    parse_capabilities,
     parse_preamble_body,
     parse_preamble_head,
     unpack_count,
@@ -118,16 +122,22 @@ def check_read_buffer_size(read_buffer_size: int) -> None:
 
 
 class EndOfData(Exception):
-    """The byte stream ended (the I/O layer called ``receive_eof``).
+    """The byte stream ended (the I/O layer called ``receive_eof``), or the peer
+    sent a close record.
 
     Attributes:
-        truncated: ``False`` when the stream ended cleanly between messages;
-            ``True`` when it ended inside a preamble or a message.
+        truncated: ``False`` when the stream ended cleanly between messages (or
+            at a close record); ``True`` when it ended inside a preamble, a
+            message or a close record.
+        reason: what the peer's close record said, if it sent one.
     """
 
-    def __init__(self, message: str, *, truncated: bool) -> None:
+    def __init__(
+        self, message: str, *, truncated: bool, reason: CloseReason | None = None
+    ) -> None:
         super().__init__(message)
         self.truncated = truncated
+        self.reason = reason
 
 
 class _State(enum.Enum):
@@ -166,6 +176,10 @@ class FrameDecoder:
             :attr:`budget_min` is reserved from it when its header arrives,
             before anything is allocated for it (see
             :mod:`anyio_comm._sansio.budget`); ``None``: no budget.
+        version: the highest protocol version we speak.
+        capabilities: what we announce that we accept (close records are
+            parsed if it has ``CLOSE_REASONS`` and the connection's version
+            has them).
 
     Raises:
         ValueError: ``read_buffer_size`` is below 4096.
@@ -175,6 +189,8 @@ class FrameDecoder:
         "_account",
         "_allocator",
         "_buf",
+        "_capabilities",
+        "_close_records",
         "_direct",
         "_direct_threshold",
         "_end",
@@ -195,6 +211,7 @@ class FrameDecoder:
         "_start",
         "_state",
         "_target",
+        "_version",
         "_view",
         "budget_min",
         "defer_many_frames",
@@ -211,9 +228,15 @@ class FrameDecoder:
         read_buffer_size: int = DEFAULT_READ_BUFFER_SIZE,
         allocator: Allocator | None = None,
         account: BudgetAccount | None = None,
+        version: int = PROTOCOL_VERSION,
+        capabilities: frozenset[Capability] = frozenset(),
     ) -> None:
         check_read_buffer_size(read_buffer_size)
         self._limits = limits if limits is not None else Limits()
+        self._version = version
+        self._capabilities = capabilities
+        # a frame count of CLOSE_MARKER begins a close record (set by the preamble)
+        self._close_records = False
         self._allocator: Allocator = allocator or default_allocator
         # Frames that fit in the read-ahead buffer are plain bytearrays whoever
         # allocates: the fast paths copy them out of it themselves.
@@ -441,17 +464,25 @@ class FrameDecoder:
             self._check_eof("the connection preamble")
             return None
         version, length = parse_preamble_head(self._view[start:])
-        if version < PROTOCOL_VERSION:
-            raise RemoteProtocolError(f"unsupported protocol version {version}")
+        if version < 1:
+            raise RemoteProtocolError(f"unsupported protocol version {version}", rule="preamble")
         if not PREAMBLE_BODY_V1_SIZE <= length <= MAX_PREAMBLE_BODY:
-            raise RemoteProtocolError(f"invalid preamble body length {length}")
+            raise RemoteProtocolError(f"invalid preamble body length {length}", rule="preamble")
         if avail < PREAMBLE_FIXED_SIZE + length:
             self._check_eof("the connection preamble")
             return None
-        limits = parse_preamble_body(self._view[start + PREAMBLE_FIXED_SIZE :])
-        self._start = start + PREAMBLE_FIXED_SIZE + length
+        body = start + PREAMBLE_FIXED_SIZE
+        limits = parse_preamble_body(self._view[body:])
+        version = min(version, self._version)
+        capabilities: frozenset[Capability] = frozenset()
+        if version >= CAPABILITIES_VERSION:
+            capabilities = parse_capabilities(
+                self._view[body + PREAMBLE_BODY_V1_SIZE : body + length]
+            )
+            self._close_records = Capability.CLOSE_REASONS in self._capabilities
+        self._start = body + length
         self._state = _COUNT
-        return Handshake(version=min(version, PROTOCOL_VERSION), limits=limits)
+        return Handshake(version, limits, capabilities)
 
     def next_message(self) -> list[memoryview] | None:
         """Return the next complete message's frames, or ``None`` if more
@@ -540,9 +571,13 @@ class FrameDecoder:
                     self._check_eof("a message header")
                     return None
                 count = unpack_count(view, start)
-                if count > self._limits.max_frames:
+                if count > self._limits.max_frames or count == CLOSE_MARKER:
+                    if count == CLOSE_MARKER and self._close_records:
+                        self._close_record(start)
+                        return None
                     raise RemoteProtocolError(
-                        f"message has {count} frames; the limit is {self._limits.max_frames}"
+                        f"message has {count} frames; the limit is {self._limits.max_frames}",
+                        rule="max_frames",
                     )
                 if count == 0:
                     self._start = start + 4
@@ -599,6 +634,23 @@ class FrameDecoder:
             if len(self._frames) == len(self._lengths):
                 return self._finish_message()
 
+    def _close_record(self, start: int) -> None:
+        """Parse the close record at ``start``; return if it is not whole yet.
+
+        Raises:
+            EndOfData: with the record's reason (the stream ends there: what
+                follows is never parsed).
+            RemoteProtocolError: the record is malformed.
+        """
+        parsed = parse_close_record(self._buf, start, self._end)
+        if parsed is None:
+            self._check_eof("a close record")
+            return None
+        reason = parsed[0]
+        raise EndOfData(
+            f"the peer closed the connection: {reason}", truncated=False, reason=reason
+        )
+
     def _fill(self, target: memoryview) -> bool:
         """Move what the read-ahead buffer holds of ``target`` (the length table or a
         frame, partly filled) into it; return whether it is full.
@@ -653,13 +705,15 @@ class FrameDecoder:
             if length > limits.max_frame_size:
                 raise RemoteProtocolError(
                     f"frame of {length} bytes exceeds the limit of "
-                    f"{limits.max_frame_size} bytes per frame"
+                    f"{limits.max_frame_size} bytes per frame",
+                    rule="max_frame_size",
                 )
             total += length
         if total > limits.max_message_size:
             raise RemoteProtocolError(
                 f"message of {total} bytes exceeds the limit of "
-                f"{limits.max_message_size} bytes per message"
+                f"{limits.max_message_size} bytes per message",
+                rule="max_message_size",
             )
         self._lengths = lengths
         self._positions = None
@@ -799,8 +853,9 @@ class FrameDecoder:
     def _raise_again(self) -> NoReturn:
         error = self._end_error
         if isinstance(error, EndOfData):
-            raise EndOfData(str(error), truncated=error.truncated)
-        raise RemoteProtocolError(str(error))
+            raise EndOfData(str(error), truncated=error.truncated, reason=error.reason)
+        assert error is not None
+        raise RemoteProtocolError(str(error), rule=error.rule)
 
     def _check_eof(self, what: str) -> None:
         """Raise EndOfData if no more data will come; else return (need data)."""

@@ -46,7 +46,17 @@ class RemoteProtocolError(ProtocolError):
 
     The connection is closed when this is raised; further operations on the
     comm raise :exc:`anyio.BrokenResourceError`.
+
+    Attributes:
+        rule: which rule the peer broke, as the close record sent to it names
+            it (``"max_frames"``, ``"max_frame_size"`` and ``"max_message_size"``
+            for a header over our limits; ``"message-layer"`` for a body that
+            cannot be decoded; see ``docs/wire-format.md``, section 7.2).
     """
+
+    def __init__(self, message: str = "", *, rule: str = "wire-format") -> None:
+        super().__init__(message)
+        self.rule = rule
 
 
 class SerializationError(CommError, TypeError):

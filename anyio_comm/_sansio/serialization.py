@@ -88,24 +88,37 @@ class Serializer:
         allow_pickle: encode objects msgpack cannot handle with pickle
             protocol 5, and accept pickled objects from the peer. Only for
             peers you trust: unpickling runs arbitrary code.
+        peer_accepts_pickle: ``False`` when the peer said it does not accept
+            pickled objects (a version-2 peer that did not announce the
+            ``PICKLE`` capability): then nothing is pickled, whatever
+            ``allow_pickle`` says, and such a message fails to serialize.
 
     Raises:
         ValueError: ``oob_threshold`` is negative.
     """
 
-    __slots__ = ("_allow_pickle", "_oob_threshold", "_pack")
+    __slots__ = ("_allow_pickle", "_oob_threshold", "_pack", "_send_pickle")
 
     def __init__(
-        self, *, oob_threshold: int = DEFAULT_OOB_THRESHOLD, allow_pickle: bool = False
+        self,
+        *,
+        oob_threshold: int = DEFAULT_OOB_THRESHOLD,
+        allow_pickle: bool = False,
+        peer_accepts_pickle: bool = True,
     ) -> None:
         if oob_threshold < 0:
             raise ValueError(f"oob_threshold must be >= 0, got {oob_threshold}")
         self._oob_threshold = oob_threshold
         self._allow_pickle = allow_pickle
+        self._send_pickle = allow_pickle and peer_accepts_pickle
         # Without pickle the packer's options never change, so one Packer is
         # reused (msgpack.packb builds a new one per call); it clears its
         # buffer when packing fails.
-        self._pack = msgpack.Packer(default=_no_default, use_bin_type=True, datetime=False).pack
+        self._pack = msgpack.Packer(
+            default=_no_default if peer_accepts_pickle else _peer_refuses_pickle,
+            use_bin_type=True,
+            datetime=False,
+        ).pack
 
     @property
     def allow_pickle(self) -> bool:
@@ -130,7 +143,7 @@ class Serializer:
         oob: list[memoryview] = []
         try:
             prepared = self._extract(message, oob)
-            if self._allow_pickle:
+            if self._send_pickle:
                 body = msgpack.packb(
                     prepared, default=self._default_pickle(oob), use_bin_type=True, datetime=False
                 )
@@ -350,6 +363,13 @@ def _oob_frame(oob: Sequence[memoryview], index: int) -> memoryview:
 
 def _too_deep() -> SerializationError:
     return SerializationError(f"message nested more than {MAX_DEPTH} arrays and maps deep")
+
+
+def _peer_refuses_pickle(obj: Any) -> Any:
+    raise SerializationError(
+        f"cannot serialize object of type {type(obj).__name__!r}: the peer does not "
+        "accept pickled objects (its allow_pickle is off)"
+    )
 
 
 def _no_default(obj: Any) -> Any:

@@ -5,11 +5,13 @@ Everything on the wire is big-endian ("network order").
 Connection preamble, sent by each side as soon as the connection is up::
 
     magic      8 bytes   89 41 43 4F 4D 4D 0D 0A  ("\\x89ACOMM\\r\\n")
-    version    u16       highest protocol version the sender speaks (1)
+    version    u16       highest protocol version the sender speaks (2)
     length     u16       length L of the body that follows, 20 <= L <= 1024
-    body       L bytes   version 1: max_frames u32, max_frame_size u64,
-                         max_message_size u64 (the sender's receive limits);
-                         bytes past the fields a reader knows are ignored
+    body       L bytes   max_frames u32, max_frame_size u64, max_message_size
+                         u64 (the sender's receive limits); from version 2,
+                         capability entries to the end of the body, each
+                         id u16, length u16, value (unknown ids are ignored);
+                         in version 1, bytes past the limits are ignored
 
 Each message after the preamble::
 
@@ -20,14 +22,15 @@ Each message after the preamble::
 
 from __future__ import annotations
 
+import enum
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
-from .errors import LocalProtocolError
+from .errors import LocalProtocolError, RemoteProtocolError
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Iterable, Sequence
 
     from ._buffer import Buffer
 
@@ -36,16 +39,21 @@ __all__ = [
     "MAGIC",
     "PREAMBLE_FIXED_SIZE",
     "PROTOCOL_VERSION",
+    "Capability",
     "Handshake",
     "Limits",
     "encode_header",
     "encode_message",
     "encode_preamble",
     "frames_to_iov",
+    "parse_capabilities",
 ]
 
 MAGIC: Final = b"\x89ACOMM\r\n"
-PROTOCOL_VERSION: Final = 1
+#: the highest protocol version this implementation speaks
+PROTOCOL_VERSION: Final = 2
+#: the first version whose preamble body has capability entries
+CAPABILITIES_VERSION: Final = 2
 #: magic + version + body length
 PREAMBLE_FIXED_SIZE: Final = len(MAGIC) + 4
 #: largest preamble body a reader accepts
@@ -54,6 +62,7 @@ MAX_PREAMBLE_BODY: Final = 1024
 _PREAMBLE_HEAD = struct.Struct("!8sHH")
 _PREAMBLE_BODY_V1 = struct.Struct("!IQQ")
 PREAMBLE_BODY_V1_SIZE: Final = _PREAMBLE_BODY_V1.size
+_ENTRY_HEAD = struct.Struct("!HH")
 _COUNT = struct.Struct("!I")
 _COUNT_AND_LENGTH = struct.Struct("!IQ")
 
@@ -132,24 +141,54 @@ class Limits:
             )
 
 
+class Capability(enum.IntEnum):
+    """What a side announces in its preamble that it accepts (protocol version 2;
+    ``docs/wire-format.md``, section 4.10). A feature is used on a connection only
+    towards a peer that announced it."""
+
+    #: the side accepts close records (it learns why the peer closed)
+    CLOSE_REASONS = 1
+    #: the side accepts pickled objects (its ``allow_pickle`` is on)
+    PICKLE = 2
+
+
 @dataclass(frozen=True, slots=True)
 class Handshake:
     """What a peer announced in its preamble.
 
     Attributes:
-        version: the highest protocol version the peer speaks.
+        version: the connection's protocol version: the lower of the highest
+            version the peer speaks and ours.
         limits: the peer's receive limits.
+        capabilities: what the peer accepts (always empty on a version-1
+            connection; capabilities this implementation does not know are
+            left out).
     """
 
     version: int
     limits: Limits
+    capabilities: frozenset[Capability] = field(default_factory=frozenset)
 
 
-def encode_preamble(limits: Limits, version: int = PROTOCOL_VERSION) -> bytes:
-    """Return the connection preamble announcing ``limits``."""
+def encode_preamble(
+    limits: Limits,
+    capabilities: Iterable[Capability] = (),
+    version: int = PROTOCOL_VERSION,
+) -> bytes:
+    """Return the connection preamble announcing ``limits`` and ``capabilities``
+    (in increasing order of id; a version-1 preamble has none).
+
+    Raises:
+        ValueError: capabilities in a version-1 preamble.
+    """
     body = _PREAMBLE_BODY_V1.pack(
         limits.max_frames, limits.max_frame_size, limits.max_message_size
     )
+    wanted = sorted(set(capabilities))
+    if wanted:
+        if version < CAPABILITIES_VERSION:
+            raise ValueError("a version-1 preamble has no capabilities")
+        body += b"".join(_ENTRY_HEAD.pack(capability, 0) for capability in wanted)
     return _PREAMBLE_HEAD.pack(MAGIC, version, len(body)) + body
 
 
@@ -163,9 +202,50 @@ def parse_preamble_head(data: Buffer) -> tuple[int, int]:
 
 
 def parse_preamble_body(data: Buffer) -> Limits:
-    """Unpack a version-1 preamble body (trailing bytes are ignored)."""
+    """Unpack the limits at the start of a preamble body (what follows is left)."""
     max_frames, max_frame_size, max_message_size = _PREAMBLE_BODY_V1.unpack_from(data)
     return Limits(max_frames, max_frame_size, max_message_size)
+
+
+def parse_capabilities(entries: Buffer) -> frozenset[Capability]:
+    """Parse the capability entries of a version-2 preamble body (the bytes after
+    its limits, to the end of the body); ids this implementation does not know
+    are skipped, and so are value bytes it does not know.
+
+    Raises:
+        RemoteProtocolError: an entry runs past the end of the body, or an id
+            appears twice.
+    """
+    view = memoryview(entries)
+    seen: set[int] = set()
+    known: set[Capability] = set()
+    position = 0
+    end = view.nbytes
+    while position < end:
+        if end - position < _ENTRY_HEAD.size:
+            raise RemoteProtocolError(
+                f"preamble capability entry cut off: {end - position} bytes left of "
+                "its 4-byte head",
+                rule="preamble",
+            )
+        ident, length = _ENTRY_HEAD.unpack_from(view, position)
+        position += _ENTRY_HEAD.size + length
+        if position > end:
+            raise RemoteProtocolError(
+                f"preamble capability {ident} of {length} bytes runs past the end of the body",
+                rule="preamble",
+            )
+        if ident in seen:
+            raise RemoteProtocolError(
+                f"preamble capability {ident} appears twice", rule="preamble"
+            )
+        seen.add(ident)
+        if ident in _KNOWN_CAPABILITIES:
+            known.add(Capability(ident))
+    return frozenset(known)
+
+
+_KNOWN_CAPABILITIES: Final = frozenset(int(capability) for capability in Capability)
 
 
 def encode_header(lengths: Sequence[int]) -> bytes:

@@ -10,9 +10,10 @@ import pytest
 from anyio_comm import BufferPool, Limits, RemoteProtocolError
 from anyio_comm._sansio.decoder import EndOfData, FrameDecoder
 from anyio_comm._sansio.pool import ALIGNMENT
-from anyio_comm._sansio.wire import MAGIC, encode_header, encode_preamble
+from anyio_comm._sansio.wire import MAGIC, Capability, Handshake, encode_header, encode_preamble
 
 PREAMBLE = encode_preamble(Limits())
+PREAMBLE_V1 = encode_preamble(Limits(), version=1)
 
 
 def encode(*messages: list[bytes]) -> bytes:
@@ -259,12 +260,35 @@ def test_version_zero_rejected_and_newer_version_downgraded() -> None:
     d.feed(MAGIC + b"\x00\x00" + PREAMBLE[10:])
     with pytest.raises(RemoteProtocolError, match="version 0"):
         d.next_handshake()
+    # A future version keeps the version-2 body: limits, then capability entries,
+    # of which unknown ids (and unknown value bytes of known ones) are skipped.
+    body = PREAMBLE_V1[12:] + bytes.fromhex("7f00 0003 616263  0001 0002 ffff")
     d = FrameDecoder()
-    body = PREAMBLE[12:] + b"future fields"
     d.feed(MAGIC + b"\x00\x07" + len(body).to_bytes(2, "big") + body)
     handshake = d.next_handshake()
-    assert handshake is not None and handshake.version == 1
-    assert handshake.limits == Limits()
+    assert handshake == Handshake(2, Limits(), frozenset({Capability.CLOSE_REASONS}))
+    # A version-1 side reads the limits and ignores the rest of the body.
+    d = FrameDecoder(version=1)
+    body = PREAMBLE_V1[12:] + b"future fields"
+    d.feed(MAGIC + b"\x00\x07" + len(body).to_bytes(2, "big") + body)
+    assert d.next_handshake() == Handshake(1, Limits())
+
+
+@pytest.mark.parametrize(
+    "entries",
+    ["00", "0001", "000100", "0001 0001", "0002 0000 0002 0000", "7f00 0000 7f00 0001 00"],
+)
+def test_malformed_capability_entries_rejected(entries: str) -> None:
+    body = PREAMBLE_V1[12:] + bytes.fromhex(entries)
+    d = FrameDecoder()
+    d.feed(MAGIC + b"\x00\x02" + len(body).to_bytes(2, "big") + body)
+    with pytest.raises(RemoteProtocolError, match="capability") as info:
+        d.next_handshake()
+    assert info.value.rule == "preamble"
+    # a version-1 side does not read them
+    d = FrameDecoder(version=1)
+    d.feed(MAGIC + b"\x00\x02" + len(body).to_bytes(2, "big") + body)
+    assert d.next_handshake() == Handshake(1, Limits())
 
 
 @pytest.mark.parametrize("length", [0, 19, 1025, 65535])

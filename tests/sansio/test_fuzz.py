@@ -38,7 +38,13 @@ from hypothesis import strategies as st
 from anyio_comm import Limits, RemoteProtocolError
 from anyio_comm._sansio.decoder import EndOfData, FrameDecoder
 from anyio_comm._sansio.serialization import EXT_OOB, EXT_PICKLE, Serializer
-from anyio_comm._sansio.wire import MAGIC, Handshake, encode_header, encode_preamble
+from anyio_comm._sansio.wire import (
+    MAGIC,
+    Capability,
+    Handshake,
+    encode_header,
+    encode_preamble,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Sequence
@@ -63,6 +69,22 @@ FRAME_OVERHEAD = 512
 PREAMBLE = encode_preamble(Limits())
 U64_MAX = 2**64 - 1
 U32_MAX = 2**32 - 1
+
+
+def _capability_entries(entries: bytes) -> frozenset[Capability] | None:
+    """The known capabilities of a list of version-2 capability entries, ``None``
+    if it is malformed (a model of wire-format section 4.6, written apart from the
+    package's parser)."""
+    seen = set()
+    while entries:
+        if len(entries) < 4:
+            return None
+        ident, size = struct.unpack_from("!HH", entries)
+        if ident in seen or len(entries) < 4 + size:
+            return None
+        seen.add(ident)
+        entries = entries[4 + size :]
+    return frozenset(Capability(i) for i in seen if i in {1, 2})
 
 
 def fuzz(max_examples: int) -> settings:
@@ -269,7 +291,7 @@ def test_valid_stream_any_chunking(
         allocator=allocator,
     )
     assert out.end == "eof", out.error
-    assert out.handshake == Handshake(version=1, limits=Limits())
+    assert out.handshake == Handshake(version=2, limits=Limits())
     assert out.messages == messages
     assert allocator.sizes == [len(f) for m in messages for f in m]
 
@@ -375,7 +397,16 @@ def test_arbitrary_preamble_fields(
     messages: list[list[bytes]],
     chunks: list[int],
 ) -> None:
-    body = random.Random(body_seed).randbytes(min(body_length, 1100))
+    rng = random.Random(body_seed)
+    body = rng.randbytes(min(body_length, 1100))
+    if body_seed % 2 and 20 <= body_length <= 1024:
+        # capability entries that fill the body exactly, unknown ids among them
+        # (random bytes rarely form valid ones)
+        entries = bytearray()
+        while body_length - 20 - len(entries) >= 4:
+            size = rng.randrange(0, min(8, body_length - 24 - len(entries)) + 1)
+            entries += struct.pack("!HH", len(entries) + 0x100, size) + rng.randbytes(size)
+        body = body[:20] + entries + bytes(body_length - 20 - len(entries))
     body = body[: max(len(body) - short_by, 0)]
     head = MAGIC + struct.pack("!HH", version, body_length)
     after = encode_stream(messages) if len(body) == body_length else b""
@@ -389,7 +420,14 @@ def test_arbitrary_preamble_fields(
         assert out.handshake is None
     else:
         max_frames, max_frame_size, max_message_size = struct.unpack_from("!IQQ", body)
-        assert out.handshake == Handshake(1, Limits(max_frames, max_frame_size, max_message_size))
+        capabilities = frozenset() if version == 1 else _capability_entries(body[20:])
+        if capabilities is None:
+            assert out.end == "protocol"
+            assert out.handshake is None
+            return
+        assert out.handshake == Handshake(
+            min(version, 2), Limits(max_frames, max_frame_size, max_message_size), capabilities
+        )
         assert out.end == "eof", out.error
         assert out.messages == messages
 

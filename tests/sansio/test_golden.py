@@ -22,6 +22,14 @@ import msgpack
 import pytest
 
 from anyio_comm import RemoteProtocolError
+from anyio_comm._sansio.close import (
+    CLOSE_MARKER,
+    MAX_CLOSE_TEXT,
+    CloseCode,
+    CloseReason,
+    encode_close_record,
+)
+from anyio_comm._sansio.connection import Connection
 from anyio_comm._sansio.decoder import EndOfData, FrameDecoder
 from anyio_comm._sansio.serialization import (
     DEFAULT_OOB_THRESHOLD,
@@ -35,6 +43,7 @@ from anyio_comm._sansio.wire import (
     PREAMBLE_BODY_V1_SIZE,
     PREAMBLE_FIXED_SIZE,
     PROTOCOL_VERSION,
+    Capability,
     Handshake,
     Limits,
     encode_header,
@@ -46,7 +55,10 @@ DOC = Path(__file__).parents[2] / "docs" / "wire-format.md"
 EXPECTED_VECTORS = {
     "preamble-default",
     "preamble-custom-limits",
-    "preamble-v2-forward-compat",
+    "preamble-v1-default",
+    "preamble-v3-forward-compat",
+    "close-going-away",
+    "close-handler-error",
     "frames-hello-empty",
     "frames-zero",
     "message-small-map",
@@ -77,6 +89,12 @@ EXPECTED_REJECTS = {
     "frames-message-size-overflow",
     "frames-truncated-header",
     "frames-truncated-frames",
+    "preamble-capability-cut",
+    "preamble-capability-past-end",
+    "preamble-capability-twice",
+    "close-text-too-long",
+    "close-name-not-utf8",
+    "close-truncated",
     "message-zero-frames",
     "message-empty-body",
     "message-truncated-body",
@@ -151,7 +169,7 @@ _LIMIT_VALUE = re.compile(
 )
 
 CUSTOM_LIMITS = Limits(max_frames=8, max_frame_size=65536, max_message_size=1_000_000)
-V2_EXTRA = bytes(range(1, 9))
+CLOSE = frozenset({Capability.CLOSE_REASONS})
 TYPES_MESSAGE = {"op": "put", "key": b"k1", "args": [1, -1, 300, 1.5, None, True, "é"]}
 OOB_DATA = bytes(5000)
 TWO_OOB_1 = b"\x01" * 4096
@@ -340,9 +358,10 @@ def test_every_reject_vector_has_a_description(
 # -- decoding helpers -------------------------------------------------------
 
 
-def decode_handshake(data: bytes) -> tuple[FrameDecoder, Handshake]:
-    """Decode a preamble that must be exactly ``data``, fed one byte at a time."""
-    decoder = FrameDecoder()
+def decode_handshake(data: bytes, *, version: int = 2) -> tuple[FrameDecoder, Handshake]:
+    """Decode a preamble that must be exactly ``data``, fed one byte at a time, by a
+    side that speaks up to ``version``."""
+    decoder = FrameDecoder(version=version)
     for i in range(len(data) - 1):
         decoder.feed(data[i : i + 1])
         assert decoder.next_handshake() is None, f"preamble complete after {i + 1} bytes"
@@ -392,28 +411,52 @@ def decode_message(data: bytes, *, allow_pickle: bool = False) -> object:
 
 def test_preamble_default(vectors: dict[str, bytes]):
     vector = vectors["preamble-default"]
-    assert encode_preamble(Limits()) == vector
+    assert Connection().preamble() == vector  # what a default connection sends
+    assert encode_preamble(Limits(), CLOSE) == vector
     _, handshake = decode_handshake(vector)
-    assert handshake == Handshake(version=1, limits=Limits())
+    assert handshake == Handshake(2, Limits(), CLOSE)
     assert handshake.limits == Limits(16_384, 2**30, 2**31)
+    # a version-1 side reads the limits and ignores the capability entry
+    _, handshake = decode_handshake(vector, version=1)
+    assert handshake == Handshake(1, Limits())
 
 
 def test_preamble_custom_limits(vectors: dict[str, bytes]):
     vector = vectors["preamble-custom-limits"]
-    assert encode_preamble(CUSTOM_LIMITS) == vector
+    both = {Capability.CLOSE_REASONS, Capability.PICKLE}
+    assert encode_preamble(CUSTOM_LIMITS, both) == vector
+    assert encode_preamble(CUSTOM_LIMITS, [Capability.PICKLE, Capability.CLOSE_REASONS]) == vector
+    assert Connection(CUSTOM_LIMITS, capabilities=both).preamble() == vector
     _, handshake = decode_handshake(vector)
-    assert handshake == Handshake(version=1, limits=CUSTOM_LIMITS)
+    assert handshake == Handshake(2, CUSTOM_LIMITS, frozenset(both))
 
 
-def test_preamble_v2_forward_compat(vectors: dict[str, bytes]):
-    vector = vectors["preamble-v2-forward-compat"]
-    v2 = encode_preamble(Limits(), version=2)
-    body_length = PREAMBLE_BODY_V1_SIZE + len(V2_EXTRA)
-    assert vector == (
-        v2[:10] + struct.pack("!H", body_length) + v2[PREAMBLE_FIXED_SIZE:] + V2_EXTRA
-    )
+def test_preamble_v1_default(vectors: dict[str, bytes]):
+    vector = vectors["preamble-v1-default"]
+    assert encode_preamble(Limits(), version=1) == vector
+    assert Connection(version=1).preamble() == vector
+    for version in (1, 2):
+        _, handshake = decode_handshake(vector, version=version)
+        assert handshake == Handshake(1, Limits())
+    # On the version-1 connection FF FF FF FF is a frame count, over the limits,
+    # even for a side that accepts close records.
+    decoder = FrameDecoder(capabilities=CLOSE)
+    decoder.feed(vector + encode_close_record(CloseReason(CloseCode.NORMAL)))
+    assert decoder.next_handshake() == Handshake(1, Limits())
+    with pytest.raises(RemoteProtocolError, match="frames") as info:
+        decoder.next_message()
+    assert info.value.rule == "max_frames"
+
+
+def test_preamble_v3_forward_compat(vectors: dict[str, bytes]):
+    vector = vectors["preamble-v3-forward-compat"]
+    entries = bytes.fromhex("0001 0002 aabb 0100 0003 010203 8001 0000")
+    body = encode_preamble(Limits(), version=1)[PREAMBLE_FIXED_SIZE:] + entries
+    assert vector == MAGIC + struct.pack("!HH", 3, len(body)) + body
     _, handshake = decode_handshake(vector)
-    assert handshake == Handshake(version=1, limits=Limits())
+    assert handshake == Handshake(2, Limits(), CLOSE)
+    _, handshake = decode_handshake(vector, version=1)
+    assert handshake == Handshake(1, Limits())
 
 
 # -- frames layer ------------------------------------------------------------
@@ -430,6 +473,51 @@ def test_frames_zero(vectors: dict[str, bytes]):
     vector = vectors["frames-zero"]
     assert encode_header([]) == vector
     assert decode_frames(vector) == []
+
+
+def decode_close_record(data: bytes) -> EndOfData:
+    """Feed ``data`` byte by byte after a message, to a side that accepts close
+    records on a version-2 connection; return the end it reports."""
+    decoder = FrameDecoder(capabilities=CLOSE)
+    decoder.feed(encode_preamble(Limits()) + bytes.fromhex("00000001 0000000000000001 2a"))
+    assert decoder.next_handshake() is not None
+    assert decoder.next_message() == [b"*"]  # the message before it is delivered
+    for i in range(len(data) - 1):
+        decoder.feed(data[i : i + 1])
+        assert decoder.next_message() is None, f"record complete after {i + 1} bytes"
+    decoder.feed(data[-1:] + b"ignored: nothing after a close record is parsed")
+    with pytest.raises(EndOfData) as info:
+        decoder.next_message()
+    end = info.value
+    assert not end.truncated and end.reason is not None
+    with pytest.raises(EndOfData) as again:  # final
+        decoder.next_message()
+    assert again.value.reason == end.reason
+    return end
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("close-going-away", CloseReason(CloseCode.GOING_AWAY)),
+        (
+            "close-handler-error",
+            CloseReason(CloseCode.HANDLER_ERROR, "RuntimeError", "bug in the handler"),
+        ),
+    ],
+)
+def test_close_records(vectors: dict[str, bytes], name: str, reason: CloseReason):
+    vector = vectors[name]
+    assert encode_close_record(reason) == vector
+    # what a connection sends once the peer accepts close records
+    conn = Connection()
+    conn.receive_data(encode_preamble(Limits(), CLOSE))
+    assert conn.next_handshake() is not None
+    assert conn.close_record(reason) == vector
+    end = decode_close_record(vector)
+    assert end.reason == reason
+    assert end.reason.clean is (name == "close-going-away")
+    assert type(end.reason.code) is CloseCode
 
 
 # -- message layer -----------------------------------------------------------
@@ -510,6 +598,10 @@ def test_constants_table(doc: str):
         "PREAMBLE_BODY_MAX": str(MAX_PREAMBLE_BODY),
         "EXT_OOB": str(EXT_OOB),
         "EXT_PICKLE": str(EXT_PICKLE),
+        "CAP_CLOSE_REASONS": str(int(Capability.CLOSE_REASONS)),
+        "CAP_PICKLE": str(int(Capability.PICKLE)),
+        "CLOSE_MARKER": CLOSE_MARKER.to_bytes(4, "big").hex(" ").upper(),
+        "CLOSE_TEXT_MAX": str(MAX_CLOSE_TEXT),
         "OOB_THRESHOLD": str(DEFAULT_OOB_THRESHOLD),
         "DEFAULT_MAX_FRAMES": str(defaults.max_frames),
         "DEFAULT_MAX_FRAME_SIZE": str(defaults.max_frame_size),
@@ -523,7 +615,7 @@ def test_constants_in_prose(doc: str):
     assert magic == "89 41 43 4F 4D 4D 0D 0A"
     assert f"`magic` | `{magic}`." in doc
     assert f"The magic is the 8 bytes `{magic}`" in doc
-    assert f"this document specifies version {PROTOCOL_VERSION}." in doc
+    assert f"this document specifies versions 1 and {PROTOCOL_VERSION}." in doc
     assert (
         f"`body_length` between {PREAMBLE_BODY_V1_SIZE} and {MAX_PREAMBLE_BODY} inclusive" in doc
     )
@@ -559,6 +651,56 @@ def test_preamble_layout_table(doc: str):
     assert preamble[: fields[0][1]] == MAGIC
     assert int.from_bytes(preamble[8:10], "big") == 7
     assert int.from_bytes(preamble[10:12], "big") == PREAMBLE_BODY_V1_SIZE
+
+
+def test_capability_entry_layout_table(doc: str):
+    *fixed, value = parse_table(doc, "layout:capability-entry")
+    assert [field[3] for field in check_layout(fixed)] == ["id", "length"]
+    assert value[:4] == ["4", "V", "bytes", "`value`"]
+    entries = encode_preamble(Limits(), CLOSE)[PREAMBLE_FIXED_SIZE + PREAMBLE_BODY_V1_SIZE :]
+    assert entries == struct.pack("!HH", Capability.CLOSE_REASONS, 0)
+
+
+def test_capability_table(doc: str):
+    section = doc.split("### 4.10 Capabilities (version 2)\n", 1)[1].split("\n## ", 1)[0]
+    rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in section.splitlines()
+        if line.startswith("| ") and line.split("|")[2].strip().startswith("`CAP_")
+    ]
+    assert {int(row[0]): row[1].strip("`") for row in rows} == {
+        int(capability): f"CAP_{capability.name}" for capability in Capability
+    }
+
+
+def test_close_record_layout_table(doc: str):
+    rows = parse_table(doc, "layout:close-record")
+    assert [row[3].strip("`") for row in rows] == [
+        "marker",
+        "code",
+        "name_length",
+        "name",
+        "text_length",
+        "text",
+    ]
+    record = encode_close_record(CloseReason(0x1234, "ab", "xyz"))
+    assert record == bytes.fromhex("ffffffff 1234 02 6162 0003 78797a")
+    longest = encode_close_record(CloseReason(0xFFFF, "n" * 255, "t" * MAX_CLOSE_TEXT))
+    assert len(longest) == 1288
+    assert "A close record is 9 to 1288 bytes long." in doc
+    assert len(encode_close_record(CloseReason(0))) == 9
+
+
+def test_close_code_table(doc: str):
+    section = doc.split("### 7.2 Close records (version 2)\n", 1)[1].split("\n## ", 1)[0]
+    rows = [
+        [cell.strip().strip("`") for cell in line.strip("|").split("|")]
+        for line in section.splitlines()
+        if line.startswith("| `0x")
+    ]
+    assert {int(row[0], 16): (row[1], row[2]) for row in rows} == {
+        int(code): (code.name, "yes" if CloseReason(code).clean else "no") for code in CloseCode
+    }
 
 
 def test_preamble_body_layout_table(doc: str):
@@ -620,7 +762,10 @@ def test_preamble_head_checked_before_body(version: int, body_length: int, accep
     assert decoder.next_handshake() is None
     body = encode_preamble(CUSTOM_LIMITS)[PREAMBLE_FIXED_SIZE:]
     decoder.feed(body.ljust(body_length, b"\xee"))
-    assert decoder.next_handshake() == Handshake(version=1, limits=CUSTOM_LIMITS)
+    # (a version-1 peer's extra body bytes are ignored; from version 2 they are
+    # capability entries, which 0xee bytes are not)
+    expected = Handshake(min(version, 2), CUSTOM_LIMITS)
+    assert decoder.next_handshake() == expected
 
 
 def test_limits_are_inclusive_and_checked_on_the_header(vectors: dict[str, bytes]):
@@ -744,7 +889,11 @@ def test_reject_frames_layer(
 ):
     vector = rejects[name]
     limits, _ = receiver_of(notes[name])
-    decoder = FrameDecoder(limits)
+    if name.startswith("close-"):
+        assert "having announced `CAP_CLOSE_REASONS`" in notes[name]["receiver"]
+    decoder = FrameDecoder(
+        limits, capabilities=CLOSE if name.startswith("close-") else frozenset()
+    )
     if name.startswith("preamble-"):
         step = decoder.next_handshake
     else:

@@ -1,0 +1,479 @@
+"""Protocol version 2 on live connections, on every backend: capabilities in the
+preamble, close records, the pickle capability, and interoperation with a version-1
+peer (``tests/v1peer.py``, written from the version-1 specification alone)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import struct
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+import msgpack
+import pytest
+from anyio import BrokenResourceError, EndOfStream
+from anyio.streams.tls import TLSStream
+
+import anyio_comm
+from anyio_comm import (
+    Capability,
+    CloseCode,
+    CloseReason,
+    Comm,
+    Handshake,
+    Limits,
+    PeerClosed,
+    PeerClosedError,
+    PeerClosedOK,
+    RemoteProtocolError,
+    SerializationError,
+)
+from anyio_comm._sansio.close import encode_close_record
+from anyio_comm._sansio.decoder import EndOfData, FrameDecoder
+from anyio_comm._sansio.wire import encode_header, encode_preamble
+from anyio_comm.testing import memory_byte_stream_pair
+
+from .certs import client_context, server_context
+from .helpers import ADDRESS_TRANSPORTS, TLS_VERSIONS, TRANSPORTS, connected_pair, listen_address
+from .v1peer import V1Peer
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+CLOSE_ONLY = frozenset({Capability.CLOSE_REASONS})
+#: the transports a raw peer reaches through a TCP socket
+RAW_KINDS = ["tcp", "tls1.2", "tls1.3"]
+REASONS = [
+    CloseReason(CloseCode.HANDLER_ERROR, "ValueError", "bad input"),
+    CloseReason(CloseCode.GOING_AWAY, "", "restarting"),
+    CloseReason(0xC123, "app-error", "é" * 10),
+    CloseReason(0x4001),
+]
+
+
+@dataclasses.dataclass
+class Point:
+    """Not msgpack-serializable: travels pickled, where pickle is agreed."""
+
+    x: int
+    y: int
+
+
+# -- capabilities -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_capabilities_are_announced_and_read(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        for comm in (client, server):
+            assert comm.peer_handshake == Handshake(2, Limits(), CLOSE_ONLY)
+    async with connected_pair(kind, allow_pickle=True) as (client, server):
+        both = frozenset({Capability.CLOSE_REASONS, Capability.PICKLE})
+        assert client.peer_handshake.capabilities == both
+        assert server.peer_handshake.capabilities == both
+        await client.send({"p": Point(1, 2)})
+        assert await server.receive() == {"p": Point(1, 2)}
+
+
+@asynccontextmanager
+async def stream_pair(
+    client_options: dict[str, Any], server_options: dict[str, Any]
+) -> AsyncIterator[tuple[Comm, Comm]]:
+    """Two comms with options of their own, over a memory byte stream."""
+    a, b = memory_byte_stream_pair()
+    comms: dict[str, Comm] = {}
+
+    async def open_one(name: str, stream: Any, options: dict[str, Any]) -> None:
+        comms[name] = await anyio_comm.from_stream(stream, **options)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(open_one, "client", a, client_options)
+        tg.start_soon(open_one, "server", b, server_options)
+    async with comms["client"], comms["server"]:
+        yield comms["client"], comms["server"]
+
+
+async def test_pickle_only_towards_a_peer_that_accepts_it() -> None:
+    """A side with allow_pickle sends nothing pickled to a version-2 peer that did
+    not announce PICKLE: the send fails before anything is written, and the comm
+    stays usable; the other way, msgpack values flow as usual."""
+    async with stream_pair({"allow_pickle": True}, {}) as (client, server):
+        assert client.peer_handshake.capabilities == CLOSE_ONLY
+        assert Capability.PICKLE in server.peer_handshake.capabilities
+        with pytest.raises(SerializationError, match="does not accept pickled objects"):
+            await client.send({"p": Point(1, 2)})
+        await client.send({"p": [1, 2]})
+        assert await server.receive() == {"p": [1, 2]}
+        await server.send("fine")
+        assert await client.receive() == "fine"
+
+
+# -- close records ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("reason", REASONS, ids=lambda reason: f"{reason.code:#06x}")
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_close_reason_reaches_the_peer(kind: str, reason: CloseReason) -> None:
+    """Every message sent before the close record is received, then the reason: a
+    PeerClosedOK (an EndOfStream) for a clean code, a PeerClosedError (a
+    BrokenResourceError) for an error code; both are final, and a send after it
+    fails."""
+    async with connected_pair(kind) as (client, server):
+
+        async def send_then_close() -> None:
+            await server.send("one")
+            await server.send_frames([b"\x07" * 300_000])
+            await server.aclose(reason)
+
+        expected = PeerClosedOK if reason.clean else PeerClosedError
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(send_then_close)
+                assert await client.receive() == "one"
+                frames = await client.receive_frames()
+                assert [bytes(frame) for frame in frames] == [b"\x07" * 300_000]
+                with pytest.raises(expected) as info:
+                    await client.receive()
+        assert server.closed
+        assert info.value.reason == reason
+        assert isinstance(info.value, EndOfStream if reason.clean else BrokenResourceError)
+        assert client.peer_close_reason == reason
+        assert str(reason) in str(info.value)
+        with pytest.raises(expected):
+            await client.receive_frames()
+        with pytest.raises(PeerClosedError):
+            await client.send("too late")
+        assert client.closed and client.receive_ended
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_a_clean_close_ends_iteration_quietly(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        for i in range(3):
+            await server.send(i)
+        await server.aclose(CloseReason(CloseCode.NORMAL, "", "done"))
+        with anyio.fail_after(10):
+            assert [message async for message in client] == [0, 1, 2]
+        assert client.peer_close_reason == CloseReason(CloseCode.NORMAL, "", "done")
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_a_close_without_reason_is_an_end_of_stream(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        await server.send("last")
+        await server.aclose()
+        with anyio.fail_after(10):
+            assert await client.receive() == "last"
+            with pytest.raises(EndOfStream) as info:
+                await client.receive()
+        assert not isinstance(info.value, PeerClosed)
+        assert client.peer_close_reason is None
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_a_protocol_error_is_told_to_the_peer(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        await client.send_frames([b"\xc1"])  # not MessagePack
+        with anyio.fail_after(10):
+            with pytest.raises(RemoteProtocolError):
+                await server.receive()
+            with pytest.raises(PeerClosedError) as info:
+                await client.receive()
+        reason = info.value.reason
+        assert reason.code is CloseCode.PROTOCOL_ERROR
+        assert reason.name == "message-layer"
+        assert "malformed message body" in reason.text
+
+
+@pytest.mark.parametrize("kind", [*ADDRESS_TRANSPORTS, *TLS_VERSIONS])
+async def test_an_idle_timeout_is_told_to_the_peer(kind: str) -> None:
+    """The listener's idle_timeout closes a quiet connection between messages: a
+    clean close (IDLE_TIMEOUT) at the client, which has no idle timeout itself."""
+    timed_out: list[BaseException] = []
+
+    async def handler(comm: Comm) -> None:
+        try:
+            while True:
+                await comm.send(await comm.receive())
+        except anyio_comm.IdleTimeoutError as exc:
+            timed_out.append(exc)
+
+    server_ssl = (
+        {"ssl_context": server_context(TLS_VERSIONS[kind])} if kind in TLS_VERSIONS else {}
+    )
+    client_ssl = (
+        {"ssl_context": client_context(TLS_VERSIONS[kind])} if kind in TLS_VERSIONS else {}
+    )
+    async with (
+        listen_address(kind) as address,
+        anyio_comm.listen(address, handler, idle_timeout=0.2, **server_ssl) as listener,
+    ):
+        async with await anyio_comm.connect(listener.address, **client_ssl) as comm:
+            await comm.send("ping")
+            with anyio.fail_after(10):
+                assert await comm.receive() == "ping"
+                with pytest.raises(PeerClosedOK) as info:
+                    await comm.receive()
+    assert info.value.reason == CloseReason(
+        CloseCode.IDLE_TIMEOUT, "", "nothing received for 0.2 s"
+    )
+    assert len(timed_out) == 1
+
+
+@asynccontextmanager
+async def raw_connection(kind: str, port: int) -> AsyncIterator[anyio.abc.ByteStream]:
+    """A plain (or TLS) byte stream to 127.0.0.1:``port``; TLS ends with close_notify."""
+    stream: anyio.abc.ByteStream = await anyio.connect_tcp("127.0.0.1", port)
+    if kind in TLS_VERSIONS:
+        stream = await TLSStream.wrap(
+            stream, ssl_context=client_context(TLS_VERSIONS[kind]), hostname="localhost"
+        )
+    async with stream:
+        yield stream
+
+
+def port_of(address: str) -> int:
+    return int(address.rsplit(":", 1)[1])
+
+
+@pytest.mark.parametrize("kind", RAW_KINDS)
+async def test_a_header_over_the_limits_is_told_to_the_peer(kind: str) -> None:
+    """A raw version-2 client that announces CLOSE_REASONS sends a header over the
+    listener's max_frames: it reads the listener's preamble, then exactly the close
+    record LIMIT_EXCEEDED, max_frames, then the end of the stream."""
+    limits = Limits(max_frames=4)
+    ssl = {"ssl_context": server_context(TLS_VERSIONS[kind])} if kind in TLS_VERSIONS else {}
+    async with (
+        listen_address(kind) as address,
+        anyio_comm.listen(address, lambda comm: comm.receive(), limits=limits, **ssl) as listener,
+        raw_connection(kind, port_of(listener.address)) as stream,
+    ):
+        await stream.send(encode_preamble(Limits(), CLOSE_ONLY) + encode_header([1] * 5))
+        received = bytearray()
+        with anyio.fail_after(10):
+            try:
+                while True:
+                    received += await stream.receive()
+            except EndOfStream:
+                pass
+    preamble = encode_preamble(limits, CLOSE_ONLY)
+    assert bytes(received[: len(preamble)]) == preamble
+    text = "message has 5 frames; the limit is 4"
+    record = encode_close_record(CloseReason(CloseCode.LIMIT_EXCEEDED, "max_frames", text))
+    assert bytes(received[len(preamble) :]) == record
+
+
+@pytest.mark.parametrize("kind", ["tcp", "unix", "inproc", "tls1.3"])
+async def test_a_listener_tells_why_it_closes(kind: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A handler's exception: HANDLER_ERROR with the class name and message; the
+    listener's shutdown: GOING_AWAY, to a client waiting in receive()."""
+
+    async def handler(comm: Comm) -> None:
+        async for message in comm:
+            if message == "fail":
+                raise KeyError("no such key")
+            await comm.send(message)
+
+    server_ssl = {"ssl_context": server_context()} if kind in TLS_VERSIONS else {}
+    client_ssl = {"ssl_context": client_context()} if kind in TLS_VERSIONS else {}
+    with caplog.at_level(logging.CRITICAL, logger="anyio_comm"):
+        async with listen_address(kind) as address:
+            async with anyio_comm.listen(address, handler, **server_ssl) as listener:
+                async with await anyio_comm.connect(listener.address, **client_ssl) as comm:
+                    await comm.send("fail")
+                    with anyio.fail_after(10), pytest.raises(PeerClosedError) as info:
+                        await comm.receive()
+                assert info.value.reason == CloseReason(
+                    CloseCode.HANDLER_ERROR, "KeyError", "'no such key'"
+                )
+                async with await anyio_comm.connect(listener.address, **client_ssl) as comm:
+                    await comm.send("echo")
+                    assert await comm.receive() == "echo"
+                    async with anyio.create_task_group() as tg:
+                        tg.start_soon(listener.shutdown, 5)
+                        with anyio.fail_after(10), pytest.raises(PeerClosedOK) as info:
+                            await comm.receive()
+                    assert info.value.reason.code is CloseCode.GOING_AWAY
+
+
+async def test_a_handler_error_message_is_cut_to_fit() -> None:
+    async def handler(comm: Comm) -> None:
+        await comm.receive()
+        raise RuntimeError("x" * 5000)
+
+    async with anyio_comm.listen("tcp://127.0.0.1:0", handler) as listener:
+        async with await anyio_comm.connect(listener.address) as comm:
+            await comm.send("go")
+            with anyio.fail_after(10), pytest.raises(PeerClosedError) as info:
+                await comm.receive()
+    reason = info.value.reason
+    assert reason.name == "RuntimeError"
+    assert reason.text == "x" * 1021 + "..."
+
+
+# -- a version-1 peer -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", RAW_KINDS)
+async def test_a_version_1_client_of_a_listener(kind: str) -> None:
+    """The listener speaks version 1 to a version-1 client: it reads the client's
+    preamble as version 1, echoes, and when its handler fails it closes with the end
+    of the stream, never a close record the client cannot parse."""
+    handshakes: list[Handshake] = []
+
+    async def handler(comm: Comm) -> None:
+        handshakes.append(comm.peer_handshake)
+        async for message in comm:
+            if message == "fail":
+                raise ValueError("nothing to say to a version-1 peer")
+            await comm.send(message)
+
+    ssl = {"ssl_context": server_context(TLS_VERSIONS[kind])} if kind in TLS_VERSIONS else {}
+    async with (
+        listen_address(kind) as address,
+        anyio_comm.listen(address, handler, **ssl) as listener,
+        raw_connection(kind, port_of(listener.address)) as stream,
+    ):
+        peer = V1Peer(stream)
+        with anyio.fail_after(10):
+            version, limits, rest = await peer.handshake()
+            assert (version, limits) == (2, (16_384, 2**30, 2**31))
+            assert rest == struct.pack("!HH", Capability.CLOSE_REASONS, 0)  # ignored by it
+            await peer.send_frames([msgpack.packb({"hello": [1, 2]})])
+            assert await peer.receive_frames() == [msgpack.packb({"hello": [1, 2]})]
+            await peer.send_frames([msgpack.packb("fail")])
+            assert await peer.receive_frames() is None  # a clean end, nothing else
+    assert handshakes == [Handshake(1, Limits())]
+
+
+@pytest.mark.parametrize("kind", RAW_KINDS)
+async def test_connect_to_a_version_1_server(kind: str) -> None:
+    """connect() to a version-1 server: version 1, no capabilities; messages flow,
+    pickle is used as configured (agreed outside the protocol), and a close with a
+    reason reaches the server as the plain end of the stream."""
+    server_side: list[list[bytes] | None] = []
+    finished = anyio.Event()
+    ssl_context = server_context(TLS_VERSIONS[kind]) if kind in TLS_VERSIONS else None
+
+    async def serve_one(listener: anyio.abc.SocketListener) -> None:
+        stream: anyio.abc.ByteStream = await listener.accept()
+        if ssl_context is not None:
+            stream = await TLSStream.wrap(stream, server_side=True, ssl_context=ssl_context)
+        async with stream:
+            peer = V1Peer(stream)
+            await peer.handshake()
+            while (frames := await peer.receive_frames()) is not None:
+                server_side.append(frames)
+                await peer.send_frames(frames)  # echo
+            server_side.append(None)
+        finished.set()
+
+    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with multi, anyio.create_task_group() as tg:
+        (tcp_listener,) = multi.listeners
+        tg.start_soon(serve_one, tcp_listener)
+        port = tcp_listener.extra(anyio.abc.SocketAttribute.local_port)
+        scheme = "tls" if ssl_context is not None else "tcp"
+        options: dict[str, Any] = {"allow_pickle": True}
+        if ssl_context is not None:
+            options["ssl_context"] = client_context(TLS_VERSIONS[kind])
+        with anyio.fail_after(10):
+            comm = await anyio_comm.connect(f"{scheme}://127.0.0.1:{port}", **options)
+            assert comm.peer_handshake == Handshake(1, Limits())
+            await comm.send({"p": Point(3, 4), "data": b"z" * 10_000})
+            echoed = await comm.receive()
+            assert echoed["p"] == Point(3, 4) and bytes(echoed["data"]) == b"z" * 10_000
+            await comm.aclose(CloseReason(CloseCode.HANDLER_ERROR, "X", "not for v1"))
+            await finished.wait()
+    assert len(server_side) == 2 and server_side[-1] is None
+
+
+async def test_a_version_1_peer_never_gets_a_close_record() -> None:
+    """Over a memory stream, a comm closing for every reason it has sends a
+    version-1 peer nothing after its last message."""
+    for closing in ("reason", "protocol-error"):
+        a, b = memory_byte_stream_pair()
+        peer = V1Peer(b)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(peer.handshake)
+            comm = await anyio_comm.from_stream(a)
+        async with b, comm:
+            assert comm.peer_handshake == Handshake(1, Limits())
+            await comm.send("bye")
+            if closing == "reason":
+                await comm.aclose(CloseReason(CloseCode.HANDLER_ERROR))
+            else:
+                await peer.send_frames([b"\xc1"])
+                with pytest.raises(RemoteProtocolError):
+                    await comm.receive()
+            with anyio.fail_after(10):
+                assert await peer.receive_frames() == [msgpack.packb("bye")]
+                assert await peer.receive_frames() is None
+
+
+# -- the sans-IO rules behind them --------------------------------------------------------
+
+
+def test_close_records_only_to_a_peer_that_accepts_them() -> None:
+    from anyio_comm import LocalProtocolError
+    from anyio_comm._sansio.connection import Connection, ConnectionState
+
+    conn = Connection()
+    with pytest.raises(LocalProtocolError, match="preamble"):
+        conn.close_record(CloseReason(CloseCode.NORMAL))
+    conn.receive_data(encode_preamble(Limits()))  # version 2, no capabilities
+    assert conn.next_handshake() == Handshake(2, Limits())
+    with pytest.raises(LocalProtocolError, match="close records"):
+        conn.close_record(CloseReason(CloseCode.NORMAL))
+    assert conn.our_state is ConnectionState.OPEN
+    conn = Connection()
+    conn.receive_data(encode_preamble(Limits(), CLOSE_ONLY))
+    assert conn.next_handshake() is not None
+    record = conn.close_record(CloseReason(CloseCode.GOING_AWAY))
+    assert record == bytes.fromhex("ffffffff 0001 00 0000")
+    assert conn.our_state is ConnectionState.CLOSED
+    with pytest.raises(LocalProtocolError):
+        conn.send_message([memoryview(b"x")])
+
+
+def test_a_side_that_did_not_announce_close_reasons_reads_no_record() -> None:
+    decoder = FrameDecoder(capabilities=frozenset())
+    decoder.feed(encode_preamble(Limits(), CLOSE_ONLY))
+    assert decoder.next_handshake() is not None
+    decoder.feed(encode_close_record(CloseReason(CloseCode.NORMAL)))
+    with pytest.raises(RemoteProtocolError, match="frames") as info:
+        decoder.next_message()
+    assert info.value.rule == "max_frames"
+
+
+def test_close_records_even_over_the_largest_frame_count() -> None:
+    """With max_frames 2^32 - 1, FF FF FF FF is still a close record."""
+    decoder = FrameDecoder(Limits(max_frames=2**32 - 1), capabilities=CLOSE_ONLY)
+    decoder.feed(encode_preamble(Limits()) + encode_close_record(CloseReason(7, "n", "t")))
+    assert decoder.next_handshake() is not None
+    with pytest.raises(EndOfData) as info:
+        decoder.next_message()
+    assert info.value.reason == CloseReason(7, "n", "t")
+    assert info.value.reason.clean  # bit 15 clear, though no code of the spec
+
+
+def test_close_reason_checks() -> None:
+    assert CloseReason(0x8003).code is CloseCode.HANDLER_ERROR
+    assert CloseReason(0x4000).clean and not CloseReason(0xC000).clean
+    assert str(CloseReason(0xC001, "a", "b")) == "code 0xc001 (a: b)"
+    assert str(CloseReason(CloseCode.NORMAL)) == "NORMAL"
+    with pytest.raises(ValueError, match="between 0 and 65535"):
+        CloseReason(65536)
+    with pytest.raises(ValueError, match="text is 1025 bytes"):
+        CloseReason(0, "", "t" * 1025)
+    with pytest.raises(ValueError, match="name is 256 bytes"):
+        CloseReason(0, "n" * 256)
+    with pytest.raises(TypeError):
+        CloseReason(True)
+    with pytest.raises(TypeError):
+        CloseReason(0, b"name")  # type: ignore[arg-type]
+    cut = CloseReason.shortened(CloseCode.HANDLER_ERROR, "N" * 300, "é" * 600)
+    assert len(cut.name.encode()) <= 255 and cut.name.endswith("...")
+    assert len(cut.text.encode()) <= 1024 and cut.text.endswith("...")
