@@ -197,6 +197,7 @@ class Comm(ObjectStream[Any]):
         "_check_cancelled",
         "_conn",
         "_error",
+        "_handshake_deadline",
         "_hook",
         "_idle_timeout",
         "_local_address",
@@ -229,9 +230,12 @@ class Comm(ObjectStream[Any]):
         message_timeout: float | None = None,
         min_receive_rate: int = 0,
         hook: IdleHook | None = None,
+        handshake_deadline: float = math.inf,
     ) -> None:
-        if conn.peer is None:
+        if conn.peer is None and not conn.early:
             raise ValueError("the connection's handshake is not complete")
+        # (early data) when the peer's preamble must have arrived by
+        self._handshake_deadline = handshake_deadline
         self._transport = transport
         self._conn = conn
         self._receiver = receiver
@@ -285,11 +289,26 @@ class Comm(ObjectStream[Any]):
 
     @property
     def peer_handshake(self) -> Handshake:
-        """What the peer announced in its preamble (version and receive limits).
-        Also ``comm.extra(CommAttribute.peer_handshake)``."""
+        """What the peer announced in its preamble (version, receive limits and
+        capabilities). Also ``comm.extra(CommAttribute.peer_handshake)``.
+
+        Raises:
+            RuntimeError: the comm was opened with ``early_data`` and no
+                :meth:`receive` has read the peer's preamble yet.
+        """
         peer = self._conn.peer
-        assert peer is not None  # checked in __init__
+        if peer is None:
+            raise RuntimeError(
+                "the peer's preamble has not arrived yet (a comm opened with early_data "
+                "reads it in its first receive)"
+            )
         return peer
+
+    @property
+    def handshake_complete(self) -> bool:
+        """Whether the peer's preamble has arrived (always the case, except on a
+        comm opened with ``early_data`` before a :meth:`receive` read it)."""
+        return self._conn.peer is not None
 
     @property
     def idle_timeout(self) -> float | None:
@@ -479,6 +498,17 @@ class Comm(ObjectStream[Any]):
         """
         receiver = self._receiver
         decoder = self._conn.decoder
+        if self._conn.peer is None:
+            # Early data: the peer's preamble has not arrived yet.
+            remaining = self._handshake_deadline - current_time()
+            if remaining > 0:
+                with move_on_after(remaining):
+                    await receiver.wait()
+                    return
+            await self._fail()
+            raise TimeoutError(
+                f"the preamble of {self._peer_address} did not arrive within handshake_timeout"
+            )
         if decoder.waiting_for_budget:
             # Our side holds the message back: neither the peer's timers run.
             account = decoder.account
@@ -767,6 +797,7 @@ async def establish(
     peer_address: str,
     hook: IdleHook | None = None,
     budget: ReceiveBudget | None = None,
+    early_data: bool = False,
 ) -> Comm:
     """Run the handshakes over ``transport`` and return the comm.
 
@@ -775,8 +806,10 @@ async def establish(
 
     The transport's own handshake (TLS) first; then both sides send their
     preamble at once and read the peer's. All of it within
-    ``options.handshake_timeout``. The caller owns ``transport`` and must close
-    it if this raises.
+    ``options.handshake_timeout``. With ``early_data``, the comm is returned
+    once our preamble is written: its first receive reads the peer's (by the
+    same deadline), and its sends do not wait for it. The caller owns
+    ``transport`` and must close it if this raises.
 
     Raises:
         TimeoutError: the handshakes took longer than ``handshake_timeout``.
@@ -786,9 +819,11 @@ async def establish(
         ssl.SSLError: the TLS handshake failed (TLS transports only).
     """
     account = budget.account() if budget is not None else None
+    timeout = options.handshake_timeout
+    deadline = math.inf if timeout is None else current_time() + timeout
     try:
-        with move_on_after(options.handshake_timeout) as scope:
-            conn = await _exchange_preambles(transport, options, account)
+        with move_on_after(timeout) as scope:
+            conn = await _exchange_preambles(transport, options, account, early_data=early_data)
         if scope.cancelled_caught:
             raise TimeoutError(
                 f"the handshake with {peer_address} took longer than "
@@ -806,22 +841,32 @@ async def establish(
         wake_on_partial=options.message_timeout is not None,
     )
     peer = conn.peer
-    assert peer is not None
-    return Comm(
+    comm = Comm(
         transport,
         conn,
         receiver,
-        # A version-1 peer says nothing: pickle is agreed outside the protocol.
-        options.serializer(
-            peer_accepts_pickle=peer.version < 2 or Capability.PICKLE in peer.capabilities
-        ),
+        # (early data: nothing is pickled before the peer said it accepts it)
+        options.serializer(peer_accepts_pickle=peer is not None and _accepts_pickle(peer)),
         local_address=local_address,
         peer_address=peer_address,
         idle_timeout=options.idle_timeout,
         message_timeout=options.message_timeout,
         min_receive_rate=options.min_receive_rate,
         hook=hook,
+        handshake_deadline=deadline,
     )
+    if peer is None:
+
+        def peer_arrived(peer: Handshake) -> None:
+            comm._serializer = options.serializer(peer_accepts_pickle=_accepts_pickle(peer))
+
+        conn.on_peer = peer_arrived
+    return comm
+
+
+def _accepts_pickle(peer: Handshake) -> bool:
+    # A version-1 peer says nothing: pickle is agreed outside the protocol.
+    return peer.version < 2 or Capability.PICKLE in peer.capabilities
 
 
 #: the buffer pool of each event loop's comms that were given no allocator
@@ -844,7 +889,7 @@ def current_buffer_pool() -> BufferPool:
 
 
 async def _exchange_preambles(
-    transport: Transport, options: Options, account: BudgetAccount | None
+    transport: Transport, options: Options, account: BudgetAccount | None, *, early_data: bool
 ) -> Connection:
     capabilities = {Capability.CLOSE_REASONS}
     if options.allow_pickle:
@@ -858,6 +903,9 @@ async def _exchange_preambles(
     )
     await transport.handshake()
     await transport.send_all([conn.preamble()])
+    if early_data:
+        conn.send_early()
+        return conn
     try:
         while conn.next_handshake() is None:
             n = await transport.receive_into(conn.get_buffer())

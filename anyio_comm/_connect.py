@@ -188,6 +188,7 @@ async def connect(
     retry: bool = False,
     ssl_context: ssl.SSLContext | None = None,
     server_hostname: str | None = None,
+    early_data: bool = False,
     **keywords: Unpack[OptionsKeywords],
 ) -> Comm:
     """Connect to ``address`` and complete the anyio-comm handshake.
@@ -213,6 +214,19 @@ async def connect(
             client context, e.g. ``ssl.create_default_context(cafile=...)``.
         server_hostname: the name to verify the server certificate against
             (and to send as SNI); defaults to the address's host.
+        early_data: return as soon as our preamble is written (after the TLS
+            handshake), without waiting for the server's, so that the first
+            request goes out at once (saves a round trip and a pass of the
+            server's event loop on every new connection). Then the first
+            :meth:`~anyio_comm.Comm.receive` reads the server's preamble
+            (within ``handshake_timeout``, else :exc:`TimeoutError`) and
+            raises what connecting would have raised if it is wrong
+            (:exc:`~anyio_comm.RemoteProtocolError`, :exc:`anyio.BrokenResourceError`);
+            sends made before it arrived are not checked against the server's
+            limits (the server rejects one over them, and the next receive
+            raises :exc:`~anyio_comm.PeerClosedError`) and pickle nothing;
+            :attr:`~anyio_comm.Comm.peer_handshake` raises :exc:`RuntimeError`
+            until it arrived. Works with version-1 servers too.
 
     Returns:
         The connected comm; close it with ``aclose()`` or ``async with``.
@@ -245,7 +259,9 @@ async def connect(
     while True:
         try:
             with anyio.move_on_after(deadline - anyio.current_time()) as scope:
-                return await _connect_once(address, parsed, resolved, ssl_context, server_hostname)
+                return await _connect_once(
+                    address, parsed, resolved, ssl_context, server_hostname, early_data
+                )
         except ssl.SSLError:
             raise
         except (OSError, BrokenResourceError) as exc:
@@ -279,9 +295,10 @@ async def _connect_once(
     options: Options,
     ssl_context: ssl.SSLContext | None,
     server_hostname: str | None,
+    early_data: bool,
 ) -> Comm:
     if parsed.scheme == "inproc":
-        return await connect_inproc(parsed.path, options)
+        return await connect_inproc(parsed.path, options, early_data=early_data)
     try:
         sock = await open_socket(
             parsed.scheme, parsed.host, parsed.port, parsed.path, options.keepalive
@@ -305,7 +322,9 @@ async def _connect_once(
                 server_side=False,
                 server_hostname=server_hostname or parsed.host,
             )
-        return await establish(transport, options, local_address=local, peer_address=peer)
+        return await establish(
+            transport, options, local_address=local, peer_address=peer, early_data=early_data
+        )
     except BaseException:
         transport.abort()
         raise

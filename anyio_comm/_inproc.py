@@ -48,7 +48,7 @@ def unregister(name: str, spawn: Callable[[MemoryByteStream, str], None]) -> Non
         del _listeners[name]
 
 
-async def connect_inproc(name: str, options: Options) -> Comm:
+async def connect_inproc(name: str, options: Options, *, early_data: bool = False) -> Comm:
     """Connect to the in-process listener ``name``.
 
     Raises:
@@ -71,6 +71,7 @@ async def connect_inproc(name: str, options: Options) -> Comm:
             options,
             local_address=client_address,
             peer_address=f"inproc://{name}",
+            early_data=early_data,
         )
     except BaseException:
         transport.abort()

@@ -31,6 +31,7 @@ from anyio_comm import (
     SerializationError,
 )
 from anyio_comm._sansio.close import encode_close_record
+from anyio_comm._sansio.connection import Connection
 from anyio_comm._sansio.decoder import EndOfData, FrameDecoder
 from anyio_comm._sansio.wire import encode_header, encode_preamble
 from anyio_comm.testing import memory_byte_stream_pair
@@ -418,7 +419,7 @@ async def test_a_version_1_peer_never_gets_a_close_record() -> None:
 
 def test_close_records_only_to_a_peer_that_accepts_them() -> None:
     from anyio_comm import LocalProtocolError
-    from anyio_comm._sansio.connection import Connection, ConnectionState
+    from anyio_comm._sansio.connection import ConnectionState
 
     conn = Connection()
     with pytest.raises(LocalProtocolError, match="preamble"):
@@ -477,3 +478,184 @@ def test_close_reason_checks() -> None:
     cut = CloseReason.shortened(CloseCode.HANDLER_ERROR, "N" * 300, "é" * 600)
     assert len(cut.name.encode()) <= 255 and cut.name.endswith("...")
     assert len(cut.text.encode()) <= 1024 and cut.text.endswith("...")
+
+
+# -- early data -------------------------------------------------------------------------
+
+
+def client_options(kind: str) -> dict[str, Any]:
+    return {"ssl_context": client_context(TLS_VERSIONS[kind])} if kind in TLS_VERSIONS else {}
+
+
+def server_options(kind: str) -> dict[str, Any]:
+    return {"ssl_context": server_context(TLS_VERSIONS[kind])} if kind in TLS_VERSIONS else {}
+
+
+async def echo(comm: Comm) -> None:
+    async for message in comm:
+        await comm.send(message)
+
+
+@pytest.mark.parametrize("kind", [*ADDRESS_TRANSPORTS, *TLS_VERSIONS])
+async def test_early_data_round_trips(kind: str) -> None:
+    """connect(early_data=True) to a listener: requests sent at once are answered in
+    order, and the server's preamble is known after the first receive."""
+    seen: list[Handshake] = []
+
+    async def handler(comm: Comm) -> None:
+        seen.append(comm.peer_handshake)
+        await echo(comm)
+
+    async with (
+        listen_address(kind) as address,
+        anyio_comm.listen(address, handler, **server_options(kind)) as listener,
+    ):
+        with anyio.fail_after(10):
+            options = client_options(kind)
+            comm = await anyio_comm.connect(listener.address, early_data=True, **options)
+            async with comm:
+                for i in range(3):
+                    await comm.send({"i": i, "data": bytes(5000)})
+                for i in range(3):
+                    reply = await comm.receive()
+                    assert reply["i"] == i and bytes(reply["data"]) == bytes(5000)
+                assert comm.handshake_complete
+                assert comm.peer_handshake == Handshake(2, Limits(), CLOSE_ONLY)
+    assert seen == [Handshake(2, Limits(), CLOSE_ONLY)]
+
+
+@pytest.mark.parametrize("kind", RAW_KINDS)
+async def test_early_data_goes_before_the_servers_preamble(kind: str) -> None:
+    """A server that sends its preamble only once it has the client's first message:
+    with early_data the client's request goes out anyway (without it, connect would
+    wait for that preamble, and both sides would wait for each other)."""
+    ssl_context = server_context(TLS_VERSIONS[kind]) if kind in TLS_VERSIONS else None
+
+    async def preamble_after_first_message(stream: anyio.abc.ByteStream) -> None:
+        if ssl_context is not None:
+            stream = await TLSStream.wrap(stream, server_side=True, ssl_context=ssl_context)
+        async with stream:
+            conn = Connection()
+            first = None
+            while first is None:
+                conn.receive_data(await stream.receive())
+                if conn.peer is None and conn.next_handshake() is None:
+                    continue
+                first = conn.next_message()
+            reply = [bytes(buffer) for buffer in conn.send_message(first)]
+            await stream.send(conn.preamble() + b"".join(reply))
+            await stream.receive()  # until the client closes
+
+    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with multi, anyio.create_task_group() as tg:
+        tg.start_soon(multi.serve, preamble_after_first_message)
+        port = multi.extra(anyio.abc.SocketAttribute.local_port)
+        scheme = "tls" if ssl_context is not None else "tcp"
+        with anyio.fail_after(10):
+            comm = await anyio_comm.connect(
+                f"{scheme}://127.0.0.1:{port}", early_data=True, **client_options(kind)
+            )
+            async with comm:
+                assert not comm.handshake_complete
+                with pytest.raises(RuntimeError, match="has not arrived"):
+                    comm.peer_handshake  # noqa: B018
+                await comm.send("first")
+                assert await comm.receive() == "first"
+                assert comm.peer_handshake == Handshake(2, Limits(), CLOSE_ONLY)
+        tg.cancel_scope.cancel()
+
+
+async def test_early_data_over_the_limits_is_refused_by_the_server() -> None:
+    """Early messages are not checked against the server's limits (unknown yet): the
+    server refuses one over them and says so in a close record."""
+    async with anyio_comm.listen(
+        "tcp://127.0.0.1:0", echo, limits=Limits(max_message_size=1000)
+    ) as listener:
+        comm = await anyio_comm.connect(listener.address, early_data=True)
+        async with comm:
+            await comm.send_frames([bytes(2000)])  # sent: the limits are not known yet
+            with anyio.fail_after(10), pytest.raises(PeerClosedError) as info:
+                await comm.receive()
+            assert info.value.reason.code is CloseCode.LIMIT_EXCEEDED
+            assert info.value.reason.name == "max_message_size"
+        # once the preamble arrived, the limits are checked before sending
+        comm = await anyio_comm.connect(listener.address, early_data=True)
+        async with comm:
+            await comm.send("ping")
+            assert await comm.receive() == "ping"
+            with pytest.raises(anyio_comm.LocalProtocolError):
+                await comm.send_frames([bytes(2000)])
+
+
+async def test_early_data_pickles_nothing_before_the_preamble() -> None:
+    async with anyio_comm.listen("tcp://127.0.0.1:0", echo, allow_pickle=True) as listener:
+        comm = await anyio_comm.connect(listener.address, early_data=True, allow_pickle=True)
+        async with comm:
+            with pytest.raises(SerializationError):
+                await comm.send(Point(1, 2))
+            await comm.send("ping")
+            assert await comm.receive() == "ping"
+            await comm.send(Point(1, 2))  # the server accepts pickle: now it may
+            assert await comm.receive() == Point(1, 2)
+
+
+async def test_early_data_errors_come_at_the_first_receive() -> None:
+    """What connect() would have raised: a server that speaks another protocol, or
+    none whose preamble comes within handshake_timeout."""
+
+    async def not_anyio_comm(stream: anyio.abc.ByteStream) -> None:
+        async with stream:
+            await stream.send(b"HTTP/1.1 400 Bad Request\r\n\r\n")
+            await anyio.sleep(5)
+
+    async def silent(stream: anyio.abc.ByteStream) -> None:
+        async with stream:
+            await anyio.sleep(5)
+
+    for server, expected in ((not_anyio_comm, RemoteProtocolError), (silent, TimeoutError)):
+        multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
+        async with multi, anyio.create_task_group() as tg:
+            tg.start_soon(multi.serve, server)
+            port = multi.extra(anyio.abc.SocketAttribute.local_port)
+            comm = await anyio_comm.connect(
+                f"tcp://127.0.0.1:{port}", early_data=True, handshake_timeout=0.3
+            )
+            async with comm:
+                await comm.send("sent before anything came back")
+                with anyio.fail_after(10), pytest.raises(expected):
+                    await comm.receive()
+                assert comm.closed
+            tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("kind", RAW_KINDS)
+async def test_early_data_to_a_version_1_server(kind: str) -> None:
+    """A version-1 server reads early data as it reads any message after a preamble."""
+    ssl_context = server_context(TLS_VERSIONS[kind]) if kind in TLS_VERSIONS else None
+    received: list[list[bytes]] = []
+
+    async def serve_one(stream: anyio.abc.ByteStream) -> None:
+        if ssl_context is not None:
+            stream = await TLSStream.wrap(stream, server_side=True, ssl_context=ssl_context)
+        async with stream:
+            peer = V1Peer(stream)
+            await peer.handshake()
+            while (frames := await peer.receive_frames()) is not None:
+                received.append(frames)
+                await peer.send_frames(frames)
+
+    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with multi, anyio.create_task_group() as tg:
+        tg.start_soon(multi.serve, serve_one)
+        port = multi.extra(anyio.abc.SocketAttribute.local_port)
+        scheme = "tls" if ssl_context is not None else "tcp"
+        with anyio.fail_after(10):
+            comm = await anyio_comm.connect(
+                f"{scheme}://127.0.0.1:{port}", early_data=True, **client_options(kind)
+            )
+            async with comm:
+                await comm.send("early")
+                assert await comm.receive() == "early"
+                assert comm.peer_handshake == Handshake(1, Limits())
+        tg.cancel_scope.cancel()
+    assert received == [[msgpack.packb("early")]]

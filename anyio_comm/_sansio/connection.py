@@ -28,6 +28,10 @@ connection says what they mean and what may be sent.
 * **Capabilities**: our preamble announces ``capabilities``; on a version-2
   connection, :attr:`peer` says what the peer announced, and
   :attr:`peer_accepts` tells whether it accepts one.
+* **Early data**: after :meth:`send_early`, messages may be sent before the
+  peer's preamble has arrived (unchecked: the peer's limits are not known
+  yet), and :meth:`next_message` reads the peer's preamble itself, then calls
+  :attr:`on_peer` with it.
 
 States (:class:`ConnectionState`), one per direction, as in h11::
 
@@ -114,6 +118,7 @@ class Connection:
     __slots__ = (
         "_capabilities",
         "_decoder",
+        "_early",
         "_our_state",
         "_peer",
         "_send_max",
@@ -121,6 +126,7 @@ class Connection:
         "buffer_updated",
         "get_buffer",
         "next_message",
+        "on_peer",
     )
 
     #: ``get_buffer() -> memoryview``: the buffer the next received bytes must
@@ -168,6 +174,11 @@ class Connection:
         self.next_message = decoder.next_message
         self._our_state = _OPEN
         self._peer: Handshake | None = None
+        # messages may be sent before the peer's preamble arrived
+        self._early = False
+        #: called with the peer's handshake when :meth:`next_message` parsed it
+        #: (after :meth:`send_early`)
+        self.on_peer: Callable[[Handshake], object] | None = None
         # The largest one-frame message the peer's limits accept (-1: none yet),
         # so that a one-frame send skips the general limit check.
         self._send_max = -1
@@ -258,14 +269,38 @@ class Connection:
         """
         peer = self._decoder.next_handshake()
         if peer is not None:
-            self._peer = peer
-            limits = peer.limits
-            self._send_max = (
-                min(limits.max_frame_size, limits.max_message_size)
-                if limits.max_frames >= 1
-                else -1
-            )
+            self._set_peer(peer)
         return peer
+
+    def _set_peer(self, peer: Handshake) -> None:
+        self._peer = peer
+        limits = peer.limits
+        self._send_max = (
+            min(limits.max_frame_size, limits.max_message_size) if limits.max_frames >= 1 else -1
+        )
+        if self._early and self.on_peer is not None:
+            self.on_peer(peer)
+
+    def send_early(self) -> None:
+        """Allow messages before the peer's preamble arrives (early data).
+
+        Until it arrives, :meth:`send_message` checks nothing against the
+        peer's limits (it does not know them; the peer rejects a message over
+        them as a protocol error), and :meth:`next_message` parses the preamble
+        before the first message, then calls :attr:`on_peer`.
+
+        Raises:
+            RuntimeError: the peer's preamble was parsed already.
+        """
+        if self._peer is not None:
+            raise RuntimeError("the peer's preamble has arrived already")
+        self._early = True
+        self._decoder.on_handshake = self._set_peer
+
+    @property
+    def early(self) -> bool:
+        """True after :meth:`send_early`."""
+        return self._early
 
     # -- sending -------------------------------------------------------------
 
@@ -287,6 +322,8 @@ class Connection:
                 ERROR. Nothing changes: the connection stays as it was.
         """
         if self._our_state is not _OPEN or self._peer is None:
+            if self._our_state is _OPEN and self._early:
+                return encode_message(frames)  # the peer's limits are not known yet
             raise LocalProtocolError(self._why_not_sending())
         if len(frames) == 1:
             if frames[0].nbytes > self._send_max:

@@ -74,7 +74,7 @@ from __future__ import annotations
 import enum
 from functools import partial
 from itertools import accumulate
-from typing import Final, NoReturn
+from typing import TYPE_CHECKING, Final, NoReturn
 
 from .budget import FRAME_COST, BudgetAccount
 from .buffers import Allocator, allocate, default_allocator
@@ -100,6 +100,9 @@ from .wire import (
     unpack_count_and_length,
     unpack_lengths,
 )
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ["DEFAULT_READ_BUFFER_SIZE", "EndOfData", "FrameDecoder"]
 
@@ -218,6 +221,7 @@ class FrameDecoder:
         "frame_buffer_due",
         "hold_reservations",
         "many_frames_due",
+        "on_handshake",
         "waiting_for_budget",
     )
 
@@ -311,6 +315,11 @@ class FrameDecoder:
         #: pull engine returns it at once); True: the I/O layer releases it when
         #: the application takes the message (a queue between them)
         self.hold_reservations = False
+        #: ``None``: :meth:`next_message` wants :meth:`next_handshake` called
+        #: first; else :meth:`next_message` parses the preamble itself and calls
+        #: this with the peer's handshake (a side that sent messages before the
+        #: peer's preamble arrived reads it where it reads messages)
+        self.on_handshake: Callable[[Handshake], object] | None = None
 
     @property
     def limits(self) -> Limits:
@@ -495,7 +504,10 @@ class FrameDecoder:
                 every later call: the error is sticky).
             EndOfData: the stream ended (``truncated`` tells whether a message
                 was cut off); every later call raises it again.
-            RuntimeError: the preamble was not parsed yet.
+            RemoteProtocolError, EndOfData: also for the peer's preamble, when
+                :attr:`on_handshake` is set and it has not arrived yet.
+            RuntimeError: the preamble was not parsed yet (and
+                :attr:`on_handshake` is not set).
         """
         state = self._state
         if state is _COUNT:
@@ -518,7 +530,14 @@ class FrameDecoder:
             elif not avail and not self._eof:
                 return None  # between messages, nothing buffered: need data
         elif state is _PREAMBLE:
-            raise RuntimeError("call next_handshake() before next_message()")
+            on_handshake = self.on_handshake
+            if on_handshake is None:
+                raise RuntimeError("call next_handshake() before next_message()")
+            handshake = self.next_handshake()
+            if handshake is None:
+                return None
+            on_handshake(handshake)
+            return self.next_message()
         elif state is _ENDED:
             self._raise_again()
         try:
