@@ -149,12 +149,15 @@ class IdleHook:
     between messages, when stopping it loses nothing.
     """
 
-    __slots__ = ("_callback", "_waiting")
+    __slots__ = ("_callback", "_waiting", "stopped_idle")
 
     def __init__(self) -> None:
         self._callback: Callable[[], object] | None = None
         # the receiver while a receive() waits (set by the comm)
         self._waiting: Receiver | None = None
+        #: a receive() that waited between messages was interrupted (by the
+        #: callback, or by any cancellation): stopping there lost nothing
+        self.stopped_idle = False
 
     @property
     def idle(self) -> bool:
@@ -168,6 +171,7 @@ class IdleHook:
         which then checkpoints: a cancellation by the callback is raised there)."""
         self._callback = callback
         if self.idle:
+            self.stopped_idle = True
             callback()
 
 
@@ -428,6 +432,7 @@ class Comm(ObjectStream[Any]):
                                 await self._check_cancelled()
                             if hook is not None:
                                 if hook._callback is not None and receiver.at_message_boundary:
+                                    hook.stopped_idle = True
                                     hook._callback()  # cancels the listener's handler task ...
                                     await checkpoint()  # ... here, before anything is read
                                 hook._waiting = receiver
@@ -438,6 +443,10 @@ class Comm(ObjectStream[Any]):
                                     await receiver.wait()
                                 else:
                                     await self._wait_guarded()
+                            except BaseException:
+                                if hook is not None and receiver.at_message_boundary:
+                                    hook.stopped_idle = True
+                                raise
                             finally:
                                 if hook is not None:
                                     hook._waiting = None
@@ -621,13 +630,13 @@ class Comm(ObjectStream[Any]):
         await self._send([_as_frame(buffer) for buffer in buffers])
 
     async def _send(self, frames: list[memoryview]) -> None:
+        if self._state is not _OPEN:
+            self._check_state()
         guard = self._send_guard
         if guard.held:
             guard.raise_busy()
         guard.held = True
         try:
-            if self._state is not _OPEN:
-                self._check_state()
             conn = self._conn
             try:
                 iov = conn.send_message(frames)
@@ -654,9 +663,12 @@ class Comm(ObjectStream[Any]):
                     conn.send_failed()
                     await self._fail()
                 if isinstance(exc, BrokenResourceError):
-                    # The peer may have said why it closed: report that.
+                    # The peer may have said why it closed (the event loop's
+                    # reader found its record already): report that, for good.
                     end = conn.decoder.end_error
                     if isinstance(end, EndOfData) and end.reason is not None:
+                        self._peer_reason = end.reason
+                        await self._fail()
                         raise PeerClosedError(end.reason) from exc
                 raise
             if waited:
@@ -685,8 +697,8 @@ class Comm(ObjectStream[Any]):
                 :func:`~anyio_comm.from_stream` comm cannot half-close (the
                 comm stays usable).
         """
+        self._check_state()
         with self._send_guard:
-            self._check_state()
             if self._conn.our_state is ConnectionState.CLOSED:
                 return
             try:
@@ -715,20 +727,37 @@ class Comm(ObjectStream[Any]):
         or :meth:`send` get :exc:`anyio.ClosedResourceError`.
 
         Args:
-            reason: tell the peer why, in a close record, before closing (when
+            reason: tell the peer why, in a close record, before closing: when
                 the peer announced the ``CLOSE_REASONS`` capability, the comm
-                was open and no send is under way; written within
-                ``CLOSE_RECORD_TIMEOUT`` (1 second), even when the caller is
-                cancelled). Its receive then raises :exc:`PeerClosedOK` or
-                :exc:`PeerClosedError`, by ``reason.clean``. Without a reason,
-                the peer sees the end of the stream.
+                is open, and neither a send is under way nor :meth:`send_eof`
+                was called. The record is given ``CLOSE_RECORD_TIMEOUT`` (1
+                second) to be written, even when the caller is cancelled. The
+                peer's receive then raises :exc:`PeerClosedOK` or
+                :exc:`PeerClosedError`, by ``reason.clean``. When the peer
+                accepts records but this one could not be written and the
+                reason is an error, the connection is aborted (a reset), so
+                that the peer never takes it for a clean end. Without a reason,
+                or towards a peer that does not accept records, the peer sees
+                the end of the stream.
+
+        Raises:
+            TypeError: ``reason`` is not a :class:`CloseReason`.
         """
+        if reason is not None and not isinstance(reason, CloseReason):
+            raise TypeError(f"reason must be a CloseReason, not {type(reason).__name__}")
         if self._state is not _State.CLOSED:
             was_open = self._state is _OPEN
             self._state = _State.CLOSED
             self._receiver.close()
             if reason is not None and was_open:
-                await self._tell_peer(reason)
+                with CancelScope(shield=True):
+                    told = await self._tell_peer(reason)
+                    if told is False and not reason.clean:
+                        self._transport.abort()
+                        await aclose_forcefully(self._transport)
+                    else:
+                        await self._close_gracefully()
+                return
         # Every transport's aclose() is idempotent; after abort() it still closes
         # what abort() could not (a byte stream without a synchronous close()).
         await self._transport.aclose()
@@ -736,41 +765,56 @@ class Comm(ObjectStream[Any]):
     async def _fail(self, *, graceful: bool = False, reason: CloseReason | None = None) -> None:
         """Mark the comm broken and close the transport, even under cancellation.
 
-        ``graceful`` closes it as :meth:`aclose` does (TLS sends close_notify);
-        otherwise it is aborted. With a ``reason``, a close record says it to the
-        peer first where one can be sent (then the close is graceful).
+        ``graceful`` closes it as :meth:`aclose` does (TLS sends close_notify),
+        within ``CLOSE_RECORD_TIMEOUT``; otherwise it is aborted. With a
+        ``reason``, a close record says it to the peer first where one can be
+        sent (then the close is graceful; if the peer accepts records but this
+        one could not be written, it is aborted).
         """
         if self._state is _State.OPEN:
             self._state = _State.BROKEN
             self._receiver.close()
             with CancelScope(shield=True):
-                if reason is not None and await self._tell_peer(reason):
-                    graceful = True
+                if reason is not None:
+                    told = await self._tell_peer(reason)
+                    if told is not None:
+                        graceful = told
                 if graceful:
-                    await self._transport.aclose()
+                    await self._close_gracefully()
                 else:
                     self._transport.abort()
                     await aclose_forcefully(self._transport)
 
-    async def _tell_peer(self, reason: CloseReason) -> bool:
-        """Write a close record saying ``reason``, if the peer accepts them and no
-        send is under way; return whether it was written. Shielded from
-        cancellation, bounded by ``CLOSE_RECORD_TIMEOUT`` (1 second); never raises."""
+    async def _close_gracefully(self) -> None:
+        """The transport's graceful close, aborted if it takes longer than
+        ``CLOSE_RECORD_TIMEOUT`` (a byte stream may wait for its peer's TLS
+        close_notify); call it shielded."""
+        with move_on_after(CLOSE_RECORD_TIMEOUT) as scope:
+            await self._transport.aclose()
+        if scope.cancelled_caught:
+            self._transport.abort()
+            await aclose_forcefully(self._transport)
+
+    async def _tell_peer(self, reason: CloseReason) -> bool | None:
+        """Write a close record saying ``reason``. Return ``None`` when the peer
+        does not accept close records (or its preamble has not arrived), else
+        whether the record was written: not when a send is under way or our
+        side sent EOF, nor when the transport did not take it within
+        ``CLOSE_RECORD_TIMEOUT``. Call it shielded; it never raises."""
         conn = self._conn
+        if not conn.peer_accepts(Capability.CLOSE_REASONS):
+            return None
         guard = self._send_guard
-        if (
-            guard.held
-            or conn.our_state is not _CONN_OPEN
-            or not conn.peer_accepts(Capability.CLOSE_REASONS)
-        ):
+        if guard.held or conn.our_state is not _CONN_OPEN:
             return False
-        record = conn.close_record(reason)
         guard.held = True
         try:
-            with move_on_after(CLOSE_RECORD_TIMEOUT, shield=True):
+            record = conn.close_record(reason)
+            with move_on_after(CLOSE_RECORD_TIMEOUT):
                 await self._transport.send_all([record])
                 return True
-        except (BrokenResourceError, ClosedResourceError, OSError) as exc:
+            logger.debug("the close record to %s was not taken in time", self._peer_address)
+        except Exception as exc:
             logger.debug("the close record to %s was not sent: %r", self._peer_address, exc)
         finally:
             guard.held = False

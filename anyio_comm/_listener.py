@@ -16,9 +16,11 @@ way only that connection is closed (gracefully: replies the handler sent before
 are still delivered) and the listener keeps serving. A peer that announced the
 ``CLOSE_REASONS`` capability is told why in a close record: ``HANDLER_ERROR``
 with the exception's class name and message (never its traceback) after a
-handler's exception, ``GOING_AWAY`` when the listener stops the handler (its
-shutdown, or leaving :func:`listen`); a handler that returns closes with the
-end of the stream.
+handler's exception; when the listener stops a handler (its shutdown, or
+leaving :func:`listen`), ``GOING_AWAY`` if the handler was waiting in
+``receive()`` between messages (nothing lost), else ``INTERRUPTED`` (an error:
+a reply may be lost); a handler that returns closes with the end of the
+stream.
 
 Limits and shutdown: with ``max_connections``, the accept loops stop
 accepting while that many connections (handshaking or in a handler) are open;
@@ -106,8 +108,13 @@ _CONNECTION_ENDED: Final = (
 )
 #: accept() errors that mean "out of resources": back off, then retry
 _RESOURCE_ERRNOS: Final = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS})
-#: the close record of a connection whose handler the listener stopped
+#: the close record of a connection whose handler the listener stopped between
+#: messages (waiting in receive(): nothing lost) ...
 _GOING_AWAY: Final = CloseReason(CloseCode.GOING_AWAY, "", "the listener is shutting down")
+#: ... and anywhere else (a reply may be lost)
+_INTERRUPTED: Final = CloseReason(
+    CloseCode.INTERRUPTED, "", "the listener stopped while handling a message"
+)
 _ACCEPT_BATCH: Final = 64
 
 
@@ -418,10 +425,10 @@ class _Server:
             except Exception as exc:
                 logger.exception("connection handler for %s raised", peer)
                 reason = CloseReason.shortened(
-                    CloseCode.HANDLER_ERROR, type(exc).__name__, str(exc)
+                    CloseCode.HANDLER_ERROR, type(exc).__name__, _message(exc)
                 )
             except anyio.get_cancelled_exc_class():
-                reason = _GOING_AWAY
+                reason = _GOING_AWAY if connection.hook.stopped_idle else _INTERRUPTED
                 raise
         finally:
             self.active -= 1
@@ -448,6 +455,14 @@ class _Server:
             self.stopped.set()
         else:
             await self.stopped.wait()
+
+
+def _message(exc: BaseException) -> str:
+    """``str(exc)``, or a placeholder when that fails."""
+    try:
+        return str(exc)
+    except Exception:
+        return f"<unprintable {type(exc).__name__}>"
 
 
 def _close_sockets(sockets: list[socket.socket]) -> None:

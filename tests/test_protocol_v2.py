@@ -392,8 +392,8 @@ async def test_connect_to_a_version_1_server(kind: str) -> None:
 
 
 async def test_a_version_1_peer_never_gets_a_close_record() -> None:
-    """Over a memory stream, a comm closing for every reason it has sends a
-    version-1 peer nothing after its last message."""
+    """Over a memory stream, a comm closing with a reason, or for a protocol error,
+    sends a version-1 peer nothing after its last message."""
     for closing in ("reason", "protocol-error"):
         a, b = memory_byte_stream_pair()
         peer = V1Peer(b)
@@ -411,7 +411,11 @@ async def test_a_version_1_peer_never_gets_a_close_record() -> None:
                     await comm.receive()
             with anyio.fail_after(10):
                 assert await peer.receive_frames() == [msgpack.packb("bye")]
-                assert await peer.receive_frames() is None
+                if closing == "reason":  # a graceful close, as in version 1
+                    assert await peer.receive_frames() is None
+                else:  # an abort (a reset), as in version 1
+                    with pytest.raises(BrokenResourceError):
+                        await peer.receive_frames()
 
 
 # -- the sans-IO rules behind them --------------------------------------------------------
@@ -659,3 +663,263 @@ async def test_early_data_to_a_version_1_server(kind: str) -> None:
                 assert comm.peer_handshake == Handshake(1, Limits())
         tg.cancel_scope.cancel()
     assert received == [[msgpack.packb("early")]]
+
+
+# -- closing with a reason: the edges ------------------------------------------------------
+
+
+class RawPeer:
+    """A version-2 peer over a raw byte stream, reading with the package's own decoder
+    (as a side that announced CLOSE_REASONS)."""
+
+    def __init__(self, stream: anyio.abc.ByteStream) -> None:
+        self.stream = stream
+        self.decoder = FrameDecoder(capabilities=CLOSE_ONLY)
+
+    async def read_all(self) -> tuple[list[list[bytes]], BaseException]:
+        """Every message until the end, and how it ended (EndOfData with or without a
+        reason, or the transport's error)."""
+        messages: list[list[bytes]] = []
+        while True:
+            try:
+                data = await self.stream.receive()
+            except (EndOfStream, BrokenResourceError) as exc:
+                if isinstance(exc, BrokenResourceError):
+                    return messages, exc
+                self.decoder.receive_eof()
+                data = b""
+            if data:
+                self.decoder.feed(data)
+            try:
+                while True:
+                    frames = self.decoder.next_message()
+                    if frames is None:
+                        break
+                    messages.append([bytes(frame) for frame in frames])
+            except (EndOfData, RemoteProtocolError) as exc:
+                return messages, exc
+
+
+@asynccontextmanager
+async def comm_and_raw_peer(
+    *, max_chunks: int = 16, **options: Any
+) -> AsyncIterator[tuple[Comm, RawPeer]]:
+    """A comm over a memory stream to a raw version-2 peer that accepts close records
+    and has read the comm's preamble."""
+    a, b = memory_byte_stream_pair(max_chunks=max_chunks, chunk_size=65536)
+    peer = RawPeer(b)
+
+    async def peer_handshake() -> None:
+        await b.send(encode_preamble(Limits(), CLOSE_ONLY))
+        while peer.decoder.next_handshake() is None:
+            peer.decoder.feed(await b.receive())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(peer_handshake)
+        comm = await anyio_comm.from_stream(a, **options)
+    async with b, comm:
+        yield comm, peer
+
+
+async def test_a_close_record_never_goes_inside_a_message() -> None:
+    """aclose(reason) while another task is in the middle of sending a large message to
+    a peer that reads slowly: no record is written (it would land inside the message);
+    the connection is aborted, and the peer sees the message cut short."""
+    async with comm_and_raw_peer(max_chunks=2) as (comm, peer):
+        big = b"\x07" * 1_000_000
+        sending = anyio.Event()
+
+        async def send_big() -> None:
+            sending.set()
+            with pytest.raises((anyio.ClosedResourceError, BrokenResourceError)):
+                await comm.send_frames([big])
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_big)
+            await sending.wait()
+            await anyio.wait_all_tasks_blocked()
+            await comm.aclose(CloseReason(CloseCode.HANDLER_ERROR, "E", "x"))
+        with anyio.fail_after(10):
+            messages, end = await peer.read_all()
+    assert messages == []  # never completed: no bytes of a record were taken for its own
+    assert not (isinstance(end, EndOfData) and end.reason is not None)
+    assert isinstance(end, BrokenResourceError) or (isinstance(end, EndOfData) and end.truncated)
+
+
+async def test_an_error_record_that_cannot_be_written_aborts() -> None:
+    """A peer that reads nothing: the record is not taken within CLOSE_RECORD_TIMEOUT,
+    and since its reason is an error, the connection is aborted, never ended cleanly;
+    aclose() returns within that time."""
+    async with comm_and_raw_peer(max_chunks=1) as (comm, peer):
+        await comm.send("fill")  # the stream holds one chunk: it is full now
+        started = anyio.current_time()
+        with anyio.fail_after(5):
+            await comm.aclose(CloseReason(CloseCode.HANDLER_ERROR, "E", "not written"))
+        assert 0.9 < anyio.current_time() - started < 3
+        with anyio.fail_after(10):
+            messages, end = await peer.read_all()
+    assert messages == [[msgpack.packb("fill")]]
+    assert isinstance(end, BrokenResourceError), end  # not a clean end
+
+
+async def test_a_send_during_aclose_with_a_reason_is_told_closed() -> None:
+    async with comm_and_raw_peer(max_chunks=1) as (comm, _peer):
+        await comm.send("fill")  # the stream holds one chunk: it is full now
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(comm.aclose, CloseReason(CloseCode.NORMAL))
+            await anyio.wait_all_tasks_blocked()
+            with pytest.raises(anyio.ClosedResourceError):
+                await comm.send("late")
+            with pytest.raises(anyio.ClosedResourceError):
+                await comm.send_eof()
+
+
+async def test_a_message_timeout_is_told_to_the_peer() -> None:
+    async with comm_and_raw_peer(message_timeout=0.2, min_receive_rate=0) as (comm, peer):
+        await peer.stream.send(encode_header([100]) + b"only part of it")
+        with anyio.fail_after(10), pytest.raises(anyio_comm.MessageTimeoutError):
+            await comm.receive_frames()
+        with anyio.fail_after(10):
+            _, end = await peer.read_all()
+    assert isinstance(end, EndOfData) and end.reason is not None
+    assert end.reason.code is CloseCode.MESSAGE_TIMEOUT and not end.reason.clean
+
+
+@pytest.mark.parametrize(
+    ("limits", "header", "name", "text"),
+    [
+        (Limits(max_frames=4), [1] * 5, "max_frames", "message has 5 frames; the limit is 4"),
+        (
+            Limits(max_frame_size=10),
+            [11],
+            "max_frame_size",
+            "frame of 11 bytes exceeds the limit of 10 bytes per frame",
+        ),
+        (
+            Limits(max_message_size=10),
+            [6, 6],
+            "max_message_size",
+            "message of 12 bytes exceeds the limit of 10 bytes per message",
+        ),
+    ],
+    ids=["max_frames", "max_frame_size", "max_message_size"],
+)
+async def test_each_limit_is_named_in_the_record(
+    limits: Limits, header: list[int], name: str, text: str
+) -> None:
+    async with comm_and_raw_peer(limits=limits) as (comm, peer):
+        await peer.stream.send(encode_header(header))
+        with anyio.fail_after(10), pytest.raises(RemoteProtocolError):
+            await comm.receive_frames()
+        with anyio.fail_after(10):
+            _, end = await peer.read_all()
+    assert isinstance(end, EndOfData)
+    assert end.reason == CloseReason(CloseCode.LIMIT_EXCEEDED, name, text)
+
+
+async def test_a_send_after_the_peers_record_reports_it(anyio_backend_name: str) -> None:
+    """The peer closed with a reason while we were only sending: the send fails. On
+    asyncio and uvloop the event loop has read the record by then: the send raises
+    PeerClosedError, and the comm keeps the reason. On trio the task reads, so the
+    record is still in the socket when the send fails: a broken connection (never a
+    clean end)."""
+    async with connected_pair("tcp") as (client, server):
+        reason = CloseReason(CloseCode.HANDLER_ERROR, "E", "gone")
+        await server.aclose(reason)
+        with anyio.fail_after(10), pytest.raises(BrokenResourceError) as info:
+            for _ in range(1000):
+                await client.send("still talking")
+                await anyio.sleep(0.001)
+        with pytest.raises(BrokenResourceError) as again:
+            await client.receive()
+        if anyio_backend_name == "asyncio":
+            assert type(info.value) is PeerClosedError and info.value.reason == reason
+            assert type(again.value) is PeerClosedError and client.peer_close_reason == reason
+
+
+async def test_pickle_hint_when_our_side_has_it_off() -> None:
+    """The peer accepts pickle but we do not use it: the error says to turn ours on."""
+    async with stream_pair({}, {"allow_pickle": True}) as (client, _server):
+        assert Capability.PICKLE in client.peer_handshake.capabilities
+        with pytest.raises(SerializationError, match="enable allow_pickle=True"):
+            await client.send(Point(1, 2))
+
+
+def test_peer_closed_exceptions_pickle_and_copy() -> None:
+    import copy
+    import pickle
+
+    reason = CloseReason(CloseCode.HANDLER_ERROR, "E", "x")
+    for exc in (PeerClosedOK(CloseReason(CloseCode.NORMAL)), PeerClosedError(reason)):
+        for clone in (pickle.loads(pickle.dumps(exc)), copy.copy(exc), copy.deepcopy(exc)):
+            assert type(clone) is type(exc) and clone.reason == exc.reason
+            assert str(clone) == str(exc)
+
+
+def test_unencodable_text_is_refused_or_replaced() -> None:
+    with pytest.raises(ValueError, match="UTF-8"):
+        CloseReason(CloseCode.NORMAL, "", "bad \udcff name")
+    shortened = CloseReason.shortened(CloseCode.HANDLER_ERROR, "E\udcff", "file \udcff.txt")
+    assert (shortened.name, shortened.text) == ("E?", "file ?.txt")
+    assert encode_close_record(shortened)  # encodable
+
+
+async def test_a_handler_error_with_an_odd_message(caplog: pytest.LogCaptureFixture) -> None:
+    """An exception message with a lone surrogate, or whose str() fails: the client is
+    told, and the listener keeps serving."""
+
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    errors = iter([OSError("no such file: \udcff"), Unprintable()])
+
+    async def handler(comm: Comm) -> None:
+        await comm.receive()
+        raise next(errors)
+
+    with caplog.at_level(logging.CRITICAL, logger="anyio_comm"):
+        async with anyio_comm.listen("tcp://127.0.0.1:0", handler) as listener:
+            texts = []
+            for _ in range(2):
+                async with await anyio_comm.connect(listener.address) as comm:
+                    await comm.send("go")
+                    with anyio.fail_after(10), pytest.raises(PeerClosedError) as info:
+                        await comm.receive()
+                    texts.append((info.value.reason.name, info.value.reason.text))
+    assert texts == [("OSError", "no such file: ?"), ("Unprintable", "<unprintable Unprintable>")]
+
+
+@pytest.mark.parametrize("kind", ["tcp", "tls1.3"])
+async def test_shutdown_tells_going_away_or_interrupted(kind: str) -> None:
+    """A handler stopped while it waited between messages: GOING_AWAY (clean). One
+    cancelled in the middle of a request when the grace period ran out: INTERRUPTED
+    (an error: its reply is lost)."""
+    started = anyio.Event()
+
+    async def handler(comm: Comm) -> None:
+        async for message in comm:
+            if message == "slow":
+                started.set()
+                await anyio.sleep(30)
+            await comm.send(message)
+
+    async with (
+        listen_address(kind) as address,
+        anyio_comm.listen(address, handler, **server_options(kind)) as listener,
+    ):
+        idle = await anyio_comm.connect(listener.address, **client_options(kind))
+        busy = await anyio_comm.connect(listener.address, **client_options(kind))
+        async with idle, busy:
+            await idle.send("hi")
+            assert await idle.receive() == "hi"
+            await busy.send("slow")
+            await started.wait()
+            with anyio.fail_after(10):
+                await listener.shutdown(grace_period=0.2)
+                with pytest.raises(PeerClosedOK) as idle_info:
+                    await idle.receive()
+                with pytest.raises(PeerClosedError) as busy_info:
+                    await busy.receive()
+    assert idle_info.value.reason.code is CloseCode.GOING_AWAY
+    assert busy_info.value.reason.code is CloseCode.INTERRUPTED

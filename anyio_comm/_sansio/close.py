@@ -74,6 +74,9 @@ class CloseCode(enum.IntEnum):
     #: the application failed while handling the connection; ``name`` is the
     #: exception's class name, ``text`` its message
     HANDLER_ERROR = 0x8003
+    #: the side stopped while it was handling a message (a shutdown's grace
+    #: period ran out, or it was cancelled): its reply may be lost
+    INTERRUPTED = 0x8004
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +90,8 @@ class CloseReason:
         text: a short explanation (at most 1024 bytes of UTF-8).
 
     Raises:
-        ValueError: ``code`` is out of range, or ``name`` or ``text`` is too long.
+        ValueError: ``code`` is out of range, ``name`` or ``text`` is too long,
+            or not encodable as UTF-8 (a lone surrogate).
         TypeError: a field has the wrong type.
     """
 
@@ -104,7 +108,10 @@ class CloseReason:
             value = getattr(self, field)
             if not isinstance(value, str):
                 raise TypeError(f"{field} must be a str, not {type(value).__name__}")
-            size = len(value.encode("utf-8", "surrogatepass"))
+            try:
+                size = len(value.encode("utf-8"))
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"{field} is not encodable as UTF-8: {exc}") from None
             if size > limit:
                 raise ValueError(f"{field} is {size} bytes of UTF-8; at most {limit} fit")
         if isinstance(self.code, int) and not isinstance(self.code, CloseCode):
@@ -116,7 +123,8 @@ class CloseReason:
     @classmethod
     def shortened(cls, code: int, name: str = "", text: str = "") -> CloseReason:
         """A reason whose ``name`` and ``text`` are cut to what fits (at a
-        character boundary, the text marked with ``...``)."""
+        character boundary, marked with ``...``), what UTF-8 cannot encode (a
+        lone surrogate) replaced by ``?``."""
         return cls(code, _cut(name, MAX_CLOSE_NAME), _cut(text, MAX_CLOSE_TEXT))
 
     @property
@@ -134,7 +142,7 @@ class CloseReason:
 def _cut(value: str, limit: int) -> str:
     data = value.encode("utf-8", "replace")
     if len(data) <= limit:
-        return value
+        return data.decode("utf-8")
     return data[: limit - 3].decode("utf-8", "ignore") + "..."
 
 
@@ -182,7 +190,7 @@ def parse_close_record(data: Buffer, start: int, end: int) -> tuple[CloseReason,
     if text_length > MAX_CLOSE_TEXT:
         raise RemoteProtocolError(
             f"close record text of {text_length} bytes (at most {MAX_CLOSE_TEXT})",
-            rule="close-record",
+            rule="wire-format",
         )
     text_start = position + _TEXT_LENGTH.size
     stop = text_start + text_length
@@ -193,6 +201,6 @@ def parse_close_record(data: Buffer, start: int, end: int) -> tuple[CloseReason,
         text = bytes(view[text_start:stop]).decode("utf-8")
     except UnicodeDecodeError as exc:
         raise RemoteProtocolError(
-            f"close record that is not UTF-8: {exc}", rule="close-record"
+            f"close record that is not UTF-8: {exc}", rule="wire-format"
         ) from None
     return CloseReason(code, name, text), stop

@@ -56,7 +56,7 @@ from __future__ import annotations
 import enum
 from typing import TYPE_CHECKING
 
-from .close import CloseReason, encode_close_record
+from .close import CLOSE_MARKER, CloseReason, encode_close_record
 from .decoder import DEFAULT_READ_BUFFER_SIZE, EndOfData, FrameDecoder
 from .errors import LocalProtocolError
 from .wire import (
@@ -331,6 +331,11 @@ class Connection:
             return encode_message(frames)
         lengths = list(map(len, frames))  # flat byte views: len() is the size
         self._peer.limits.check_send(lengths)
+        if len(lengths) >= CLOSE_MARKER and self.peer_accepts(Capability.CLOSE_REASONS):
+            raise LocalProtocolError(
+                f"message has {len(lengths)} frames; a peer that accepts close records "
+                f"takes at most {CLOSE_MARKER - 1}"
+            )
         return encode_frames(frames, lengths)
 
     def send_eof(self) -> None:

@@ -390,8 +390,9 @@ class FrameDecoder:
         start = self._start
         end = self._end
         if start:
-            # Only a partial fixed-size header (< 12 bytes) or a partial
-            # preamble can be left here, so this move is tiny.
+            # Only a partial fixed-size header (< 12 bytes), a partial close
+            # record (< 1288 bytes) or a partial preamble can be left here, so
+            # this move is small.
             if start != end:
                 self._buf[: end - start] = self._view[start:end]
             self._start = 0
@@ -467,7 +468,8 @@ class FrameDecoder:
                 hint = "; it looks like TLS: use a tls:// address and an ssl_context"
             raise RemoteProtocolError(
                 "peer does not speak the anyio-comm protocol (bad magic: "
-                f"{_describe(self._view[start : self._end])}{hint})"
+                f"{_describe(self._view[start : self._end])}{hint})",
+                rule="preamble",
             )
         if avail < PREAMBLE_FIXED_SIZE:
             self._check_eof("the connection preamble")
@@ -590,10 +592,10 @@ class FrameDecoder:
                     self._check_eof("a message header")
                     return None
                 count = unpack_count(view, start)
-                if count > self._limits.max_frames or count == CLOSE_MARKER:
-                    if count == CLOSE_MARKER and self._close_records:
-                        self._close_record(start)
-                        return None
+                if count == CLOSE_MARKER and self._close_records:
+                    self._close_record(start)
+                    return None
+                if count > self._limits.max_frames:
                     raise RemoteProtocolError(
                         f"message has {count} frames; the limit is {self._limits.max_frames}",
                         rule="max_frames",

@@ -49,9 +49,11 @@ class RemoteProtocolError(ProtocolError):
 
     Attributes:
         rule: which rule the peer broke, as the close record sent to it names
-            it (``"max_frames"``, ``"max_frame_size"`` and ``"max_message_size"``
-            for a header over our limits; ``"message-layer"`` for a body that
-            cannot be decoded; see ``docs/wire-format.md``, section 7.2).
+            it (``docs/wire-format.md``, section 7.2): ``"max_frames"``,
+            ``"max_frame_size"`` or ``"max_message_size"`` for a header over
+            our limits, ``"preamble"`` for a bad preamble, ``"message-layer"``
+            for a body that cannot be decoded, ``"wire-format"`` for any other
+            violation.
     """
 
     def __init__(self, message: str = "", *, rule: str = "wire-format") -> None:

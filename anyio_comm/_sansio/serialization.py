@@ -115,7 +115,9 @@ class Serializer:
         # reused (msgpack.packb builds a new one per call); it clears its
         # buffer when packing fails.
         self._pack = msgpack.Packer(
-            default=_no_default if peer_accepts_pickle else _peer_refuses_pickle,
+            default=_no_default
+            if peer_accepts_pickle or not allow_pickle
+            else _peer_refuses_pickle,
             use_bin_type=True,
             datetime=False,
         ).pack

@@ -9,6 +9,7 @@ import anyio
 from anyio import CancelScope, ClosedResourceError, EndOfStream
 
 from .base import Transport
+from .memory import MemoryByteStream
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -55,7 +56,14 @@ class StreamTransport(Transport):
         self._hint = 65536
         self._closed = False
         self._send_interrupted = False
-        close = getattr(stream, "close", None)
+        # abort(): an in-memory stream is reset (its other end sees a broken
+        # stream, as after a TCP reset); other streams are closed if they can be
+        # synchronously
+        close = (
+            stream.abort
+            if isinstance(stream, MemoryByteStream)
+            else getattr(stream, "close", None)
+        )
         self._close: Callable[[], object] | None = close if callable(close) else None
         # the operations in progress, for abort() to cancel (streams without close())
         self._scopes: set[CancelScope] = set()
