@@ -103,14 +103,15 @@ def demo(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def bench(session: nox.Session) -> None:
     """The short comparison (anyio-comm vs raw floors, AnyIO streams, dask, pyzmq), ~3 min,
-    then the memory of one 200 MB message over tcp and TLS, the buffer pool's bound, and
-    a new connection's first round trip with and without early data."""
+    then the memory of one 200 MB message over tcp and TLS, the buffer pool's bound,
+    a new connection's first round trip with and without early data, and compression."""
     session.install(".[bench]")
     session.run("python", "-m", "benchmarks.compare", "--quick", *session.posargs)
     session.run("python", "-m", "benchmarks.memory")
     session.run("python", "-m", "benchmarks.memory", "--transport", "tls")
     session.run("python", "-m", "benchmarks.buffer_pool")
     session.run("python", "-m", "benchmarks.connect_latency")
+    session.run("python", "-m", "benchmarks.compression", "--sizes", "1MB,10MB", "--repeat", "2")
 
 
 @nox.session(python="3.11")

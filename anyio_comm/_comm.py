@@ -944,6 +944,7 @@ async def _exchange_preambles(
         allocator=options.allocator or current_buffer_pool(),
         account=account,
         capabilities=capabilities,
+        compression=options.compression,
     )
     await transport.handshake()
     await transport.send_all([conn.preamble()])

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final, TypedDict
 
 from ._compat import final
+from ._sansio.compression import check_codecs
 from ._sansio.decoder import DEFAULT_READ_BUFFER_SIZE, check_read_buffer_size
 from ._sansio.serialization import DEFAULT_OOB_THRESHOLD, Serializer
 from ._sansio.wire import Limits
@@ -86,6 +87,14 @@ class Options:
             limit.
         min_receive_rate: bytes per second a message must arrive at, on
             average, to extend its ``message_timeout`` (0: no extension).
+        compression: compress large frames with these codecs (``"lz4"``,
+            ``"zstd"``; a name or a tuple, in order of preference) towards a
+            peer that accepts one of them, and accept them from the peer (the
+            ``COMPRESSION`` capability). Off by default; both sides must turn
+            it on. Frames of 64 KiB and more whose sample compresses to 90 % or
+            less are sent compressed and decompressed straight into their
+            buffer; the receiver's limits apply to their decompressed size.
+            Needs the ``cramjam`` package (``pip install "anyio-comm[lz4]"``).
         keepalive: for TCP (and TLS) connections, turn on TCP keepalive so that
             a peer that vanished without a word (host down, network cut) is
             detected in about this many seconds of silence; on Linux, also
@@ -98,7 +107,8 @@ class Options:
         TypeError: a field has the wrong type.
         ValueError: a field is out of range (``read_buffer_size`` below 4096,
             a negative ``oob_threshold`` or ``min_receive_rate``, a duration
-            that is not positive).
+            that is not positive, an unknown codec).
+        ImportError: ``compression`` is set and ``cramjam`` is not installed.
     """
 
     limits: Limits = field(default_factory=Limits)
@@ -111,6 +121,7 @@ class Options:
     message_timeout: float | None = DEFAULT_MESSAGE_TIMEOUT
     min_receive_rate: int = DEFAULT_MIN_RECEIVE_RATE
     keepalive: float | None = None
+    compression: tuple[str, ...] | str = ()
 
     def __post_init__(self) -> None:
         # Fail where the options are made, not at the first connection.
@@ -132,6 +143,16 @@ class Options:
         check_seconds("idle_timeout", self.idle_timeout)
         check_seconds("message_timeout", self.message_timeout)
         check_seconds("keepalive", self.keepalive)
+        compression = self.compression
+        if isinstance(compression, str):
+            compression = (compression,)
+        elif not isinstance(compression, tuple) or not all(
+            isinstance(name, str) for name in compression
+        ):
+            raise TypeError(
+                f"compression must be a codec name or a tuple of them, not {compression!r}"
+            )
+        object.__setattr__(self, "compression", check_codecs(compression))
 
     def serializer(self, *, peer_accepts_pickle: bool = True) -> Serializer:
         """A serializer with these options' ``oob_threshold`` and ``allow_pickle``
@@ -156,6 +177,7 @@ class OptionsKeywords(TypedDict, total=False):
     message_timeout: float | None
     min_receive_rate: int
     keepalive: float | None
+    compression: tuple[str, ...] | str
 
 
 _DEFAULT: Final = Options()

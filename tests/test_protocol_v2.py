@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import struct
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -923,3 +924,89 @@ async def test_shutdown_tells_going_away_or_interrupted(kind: str) -> None:
                     await busy.receive()
     assert idle_info.value.reason.code is CloseCode.GOING_AWAY
     assert busy_info.value.reason.code is CloseCode.INTERRUPTED
+
+
+# -- compression ----------------------------------------------------------------------------
+
+
+def compressible(size: int) -> bytes:
+    words = [bytes.fromhex(f"{i:04x}") * 3 for i in range(300)]
+    return b" ".join(words[(i * 7919) % 300] for i in range(size // 6 + 1))[:size]
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_compression_on_every_transport(kind: str) -> None:
+    """Both sides turn compression on: large compressible frames travel compressed and
+    arrive intact, with the rest of the message (incompressible, small) as it was."""
+    pytest.importorskip("cramjam")
+    text, noise = compressible(2_000_000), os.urandom(300_000)
+    async with connected_pair(kind, compression=("zstd", "lz4")) as (client, server):
+        assert client.peer_handshake.compression == ("zstd", "lz4")
+        assert client._conn._compressor is not None  # (the sender's side agreed)
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+
+                async def echo_one() -> None:
+                    await server.send(await server.receive())
+
+                tg.start_soon(echo_one)
+                await client.send({"text": text, "noise": noise, "small": b"x" * 10, "n": 1})
+                reply = await client.receive()
+        assert bytes(reply["text"]) == text and bytes(reply["noise"]) == noise
+        assert reply["small"] == b"x" * 10 and reply["n"] == 1
+
+
+async def test_compression_on_one_side_only_sends_frames_as_they_are() -> None:
+    pytest.importorskip("cramjam")
+    async with stream_pair({"compression": "lz4"}, {}) as (client, server):
+        assert client.peer_handshake.compression == ()
+        assert client._conn._compressor is None
+        text = compressible(500_000)
+        await client.send(text)
+        assert bytes(await server.receive()) == text
+        await server.send(text)
+        assert bytes(await client.receive()) == text
+
+
+@pytest.mark.parametrize("kind", RAW_KINDS)
+async def test_compression_towards_a_version_1_server(kind: str) -> None:
+    """A version-1 server gets every frame as it is, whatever our compression."""
+    pytest.importorskip("cramjam")
+    ssl_context = server_context(TLS_VERSIONS[kind]) if kind in TLS_VERSIONS else None
+    received: list[list[bytes]] = []
+
+    async def serve_one(stream: anyio.abc.ByteStream) -> None:
+        if ssl_context is not None:
+            stream = await TLSStream.wrap(stream, server_side=True, ssl_context=ssl_context)
+        async with stream:
+            peer = V1Peer(stream)
+            await peer.handshake()
+            while (frames := await peer.receive_frames()) is not None:
+                received.append(frames)
+                await peer.send_frames(frames)
+
+    text = compressible(400_000)
+    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with multi, anyio.create_task_group() as tg:
+        tg.start_soon(multi.serve, serve_one)
+        port = multi.extra(anyio.abc.SocketAttribute.local_port)
+        scheme = "tls" if ssl_context is not None else "tcp"
+        with anyio.fail_after(10):
+            comm = await anyio_comm.connect(
+                f"{scheme}://127.0.0.1:{port}", compression="lz4", **client_options(kind)
+            )
+            async with comm:
+                await comm.send_frames([text])
+                assert [bytes(f) for f in await comm.receive_frames()] == [text]
+        tg.cancel_scope.cancel()
+    assert received == [[text]]
+
+
+def test_compression_option_is_checked() -> None:
+    pytest.importorskip("cramjam")
+    assert anyio_comm.Options(compression="lz4").compression == ("lz4",)
+    assert anyio_comm.Options(compression=("zstd", "lz4")).compression == ("zstd", "lz4")
+    with pytest.raises(ValueError, match="unknown compression codec"):
+        anyio_comm.Options(compression="snappy")
+    with pytest.raises(TypeError, match="codec name or a tuple"):
+        anyio_comm.Options(compression=["lz4"])  # type: ignore[arg-type]

@@ -28,6 +28,10 @@ connection says what they mean and what may be sent.
 * **Capabilities**: our preamble announces ``capabilities``; on a version-2
   connection, :attr:`peer` says what the peer announced, and
   :attr:`peer_accepts` tells whether it accepts one.
+* **Compression**: with ``compression`` (codec names), our preamble announces
+  that we decompress them; towards a peer that announced one of ours,
+  :meth:`send_message` compresses the frames worth it with the first of ours
+  it accepts (see :mod:`anyio_comm._sansio.compression`).
 * **Early data**: after :meth:`send_early`, messages may be sent before the
   peer's preamble has arrived (unchecked: the peer's limits are not known
   yet), and :meth:`next_message` reads the peer's preamble itself, then calls
@@ -57,6 +61,7 @@ import enum
 from typing import TYPE_CHECKING
 
 from .close import CLOSE_MARKER, CloseReason, encode_close_record
+from .compression import CODEC_SHIFT, LENGTH_MASK, Compressor, check_codecs
 from .decoder import DEFAULT_READ_BUFFER_SIZE, EndOfData, FrameDecoder
 from .errors import LocalProtocolError
 from .wire import (
@@ -65,8 +70,10 @@ from .wire import (
     Handshake,
     Limits,
     encode_frames,
+    encode_header,
     encode_message,
     encode_preamble,
+    frames_to_iov,
 )
 
 if TYPE_CHECKING:
@@ -109,14 +116,19 @@ class Connection:
             ``None``: ``CLOSE_REASONS`` only.
         version: the highest protocol version we speak and announce (1 makes
             this connection a version-1 side: no capabilities, no close records).
+        compression: the codecs we decompress and compress with (``"lz4"``,
+            ``"zstd"``), in our order of preference; empty: no compression.
 
     Raises:
-        ValueError: ``read_buffer_size`` is below 4096, or ``version`` is not
-            1 or 2.
+        ValueError: ``read_buffer_size`` is below 4096, ``version`` is not
+            1 or 2, or an unknown codec.
+        ImportError: a codec's package is not installed.
     """
 
     __slots__ = (
         "_capabilities",
+        "_compression",
+        "_compressor",
         "_decoder",
         "_early",
         "_our_state",
@@ -150,9 +162,12 @@ class Connection:
         account: BudgetAccount | None = None,
         capabilities: Iterable[Capability] | None = None,
         version: int = PROTOCOL_VERSION,
+        compression: Sequence[str] = (),
     ) -> None:
         if version not in (1, PROTOCOL_VERSION):
             raise ValueError(f"version must be 1 or {PROTOCOL_VERSION}, got {version}")
+        self._compression = check_codecs(compression) if version >= 2 else ()
+        self._compressor: Compressor | None = None
         wanted = (
             frozenset({Capability.CLOSE_REASONS})
             if capabilities is None
@@ -167,6 +182,7 @@ class Connection:
             account=account,
             version=version,
             capabilities=self._capabilities,
+            compression=self._compression,
         )
         self._decoder = decoder
         self.get_buffer = decoder.get_buffer
@@ -274,6 +290,10 @@ class Connection:
 
     def _set_peer(self, peer: Handshake) -> None:
         self._peer = peer
+        for name in self._compression:
+            if name in peer.compression:
+                self._compressor = Compressor(name)
+                break
         limits = peer.limits
         self._send_max = (
             min(limits.max_frame_size, limits.max_message_size) if limits.max_frames >= 1 else -1
@@ -307,7 +327,9 @@ class Connection:
     def preamble(self) -> bytes:
         """The bytes to send before anything else: our preamble, announcing our
         limits and capabilities."""
-        return encode_preamble(self._decoder.limits, self._capabilities, self._version)
+        return encode_preamble(
+            self._decoder.limits, self._capabilities, self._version, self._compression
+        )
 
     def send_message(self, frames: Sequence[memoryview]) -> list[Buffer]:
         """Return the buffers of one gather write sending the message ``frames``
@@ -325,6 +347,9 @@ class Connection:
             if self._our_state is _OPEN and self._early:
                 return encode_message(frames)  # the peer's limits are not known yet
             raise LocalProtocolError(self._why_not_sending())
+        compressor = self._compressor
+        if compressor is not None and any(f.nbytes >= compressor.min_size for f in frames):
+            return self._send_compressed(frames, compressor)
         if len(frames) == 1:
             if frames[0].nbytes > self._send_max:
                 self._peer.limits.check_send([frames[0].nbytes])
@@ -337,6 +362,31 @@ class Connection:
                 f"takes at most {CLOSE_MARKER - 1}"
             )
         return encode_frames(frames, lengths)
+
+    def _send_compressed(
+        self, frames: Sequence[memoryview], compressor: Compressor
+    ) -> list[Buffer]:
+        """:meth:`send_message` for a message with frames worth compressing."""
+        assert self._peer is not None
+        lengths = [frame.nbytes for frame in frames]
+        self._peer.limits.check_send(lengths)
+        codec = compressor.codec << CODEC_SHIFT
+        entries = []
+        pieces: list[memoryview] = []
+        for frame, length in zip(frames, lengths, strict=True):
+            if length > LENGTH_MASK:
+                raise LocalProtocolError(
+                    f"frame of {length} bytes: a peer that accepts compression takes "
+                    f"frames of at most {LENGTH_MASK} bytes"
+                )
+            wire = compressor.compress(frame) if length >= compressor.min_size else None
+            if wire is None:
+                entries.append(length)
+                pieces.append(frame)
+            else:
+                entries.append(codec | length)
+                pieces.append(wire)
+        return frames_to_iov(encode_header(entries), pieces)
 
     def send_eof(self) -> None:
         """Record that we send nothing more (our side becomes CLOSED).

@@ -79,6 +79,7 @@ from typing import TYPE_CHECKING, Final, NoReturn
 from .budget import FRAME_COST, BudgetAccount
 from .buffers import Allocator, allocate, default_allocator
 from .close import CLOSE_MARKER, CloseReason, parse_close_record
+from .compression import CODEC_SHIFT, CODECS, LENGTH_MASK, decompress_into
 from .errors import RemoteProtocolError
 from .pool import ALIGNMENT, BufferPool
 from .wire import (
@@ -183,6 +184,8 @@ class FrameDecoder:
         capabilities: what we announce that we accept (close records are
             parsed if it has ``CLOSE_REASONS`` and the connection's version
             has them).
+        compression: the codecs we announce that we decompress (compressed
+            frames are parsed on a version-2 connection).
 
     Raises:
         ValueError: ``read_buffer_size`` is below 4096.
@@ -194,6 +197,7 @@ class FrameDecoder:
         "_buf",
         "_capabilities",
         "_close_records",
+        "_codecs",
         "_direct",
         "_direct_threshold",
         "_end",
@@ -216,6 +220,8 @@ class FrameDecoder:
         "_target",
         "_version",
         "_view",
+        "_zcodecs",
+        "_zphase",
         "budget_min",
         "defer_many_frames",
         "frame_buffer_due",
@@ -234,6 +240,7 @@ class FrameDecoder:
         account: BudgetAccount | None = None,
         version: int = PROTOCOL_VERSION,
         capabilities: frozenset[Capability] = frozenset(),
+        compression: tuple[str, ...] = (),
     ) -> None:
         check_read_buffer_size(read_buffer_size)
         self._limits = limits if limits is not None else Limits()
@@ -241,6 +248,13 @@ class FrameDecoder:
         self._capabilities = capabilities
         # a frame count of CLOSE_MARKER begins a close record (set by the preamble)
         self._close_records = False
+        # the codec ids we decompress, once the connection's version has them
+        self._codecs: frozenset[int] = frozenset(CODECS[name] for name in compression)
+        # the compressed frames of the message being received: index -> codec
+        # (None: it has none); the phase of the one being read: 0 none, 1 its
+        # compressed length, 2 its compressed bytes
+        self._zcodecs: dict[int, int] | None = None
+        self._zphase = 0
         self._allocator: Allocator = allocator or default_allocator
         # Frames that fit in the read-ahead buffer are plain bytearrays whoever
         # allocates: the fast paths copy them out of it themselves.
@@ -486,14 +500,17 @@ class FrameDecoder:
         limits = parse_preamble_body(self._view[body:])
         version = min(version, self._version)
         capabilities: frozenset[Capability] = frozenset()
+        compression: tuple[str, ...] = ()
         if version >= CAPABILITIES_VERSION:
-            capabilities = parse_capabilities(
+            capabilities, compression = parse_capabilities(
                 self._view[body + PREAMBLE_BODY_V1_SIZE : body + length]
             )
             self._close_records = Capability.CLOSE_REASONS in self._capabilities
+        else:
+            self._codecs = frozenset()
         self._start = body + length
         self._state = _COUNT
-        return Handshake(version, limits, capabilities)
+        return Handshake(version, limits, capabilities, compression)
 
     def next_message(self) -> list[memoryview] | None:
         """Return the next complete message's frames, or ``None`` if more
@@ -623,7 +640,12 @@ class FrameDecoder:
             if target is None:
                 # FRAME, next frame not started yet
                 frames = self._frames
-                length = self._lengths[len(frames)]
+                index = len(frames)
+                length = self._lengths[index]
+                zcodecs = self._zcodecs
+                if zcodecs is not None and index in zcodecs:
+                    self._target = self._start_compressed()
+                    continue
                 start = self._start
                 avail = self._end - start
                 if self._fast_alloc and avail >= length:
@@ -645,6 +667,10 @@ class FrameDecoder:
                 return None
             self._target = None
             self._filled = 0
+            if self._zphase:
+                target = self._compressed_step(target, len(self._frames))
+                if target is None:
+                    continue  # its compressed bytes are the target now
             if state is _LENGTHS:
                 self._begin_frames(unpack_lengths(target, 0, target.nbytes // 8))
                 if self.waiting_for_budget:
@@ -721,6 +747,9 @@ class FrameDecoder:
 
     def _begin_frames(self, lengths: tuple[int, ...]) -> None:
         limits = self._limits
+        self._zcodecs = None
+        if self._codecs and max(lengths) > LENGTH_MASK:
+            lengths = self._split_codecs(lengths)
         total = 0
         for length in lengths:
             if length > limits.max_frame_size:
@@ -742,7 +771,8 @@ class FrameDecoder:
         self._target = None
         self._filled = 0
         # (a frame of PACK_BELOW bytes or more holds less than 8 times what it takes
-        # on the wire: a message of none but such frames needs no packing)
+        # on the wire: a message of none but such frames needs no packing; a
+        # compressed frame is never packed, whatever its length)
         packed = len(lengths) > SMALL_COUNT and min(lengths) < PACK_BELOW
         self._state = _PACKED if packed else _FRAME
         account = self._account
@@ -752,6 +782,68 @@ class FrameDecoder:
                 self._reserved = cost
                 if not account.reserve(cost):
                     self.waiting_for_budget = True
+
+    def _split_codecs(self, entries: tuple[int, ...]) -> tuple[int, ...]:
+        """The frame lengths of a length table with compressed frames (their codec
+        in the top byte of their entry); record which frames are compressed.
+
+        Raises:
+            RemoteProtocolError: a codec we did not announce, or a compressed
+                frame of length 0.
+        """
+        zcodecs = {}
+        lengths = []
+        for index, entry in enumerate(entries):
+            codec = entry >> CODEC_SHIFT
+            length = entry & LENGTH_MASK
+            if codec:
+                if codec not in self._codecs:
+                    raise RemoteProtocolError(
+                        f"frame {index} compressed with codec {codec}, which we did not announce",
+                        rule="wire-format",
+                    )
+                if not length:
+                    raise RemoteProtocolError(
+                        f"compressed frame {index} of length 0", rule="wire-format"
+                    )
+                zcodecs[index] = codec
+            lengths.append(length)
+        self._zcodecs = zcodecs
+        return tuple(lengths)
+
+    def _start_compressed(self) -> memoryview:
+        """The target of a compressed frame's first 8 bytes (its compressed length)."""
+        self._zphase = 1
+        self._filled = 0
+        return memoryview(bytearray(8))
+
+    def _compressed_step(self, target: memoryview, index: int) -> memoryview | None:
+        """A compressed frame's ``target`` is full: after its compressed length, the
+        target of its compressed bytes (``None`` returned); after those, its
+        decompressed frame.
+
+        Raises:
+            RemoteProtocolError: a compressed length of 0 or not below the frame's
+                length, or bytes that do not decompress to exactly that length.
+        """
+        length = self._lengths[index]
+        if self._zphase == 1:
+            compressed = int.from_bytes(target, "big")
+            if not 0 < compressed < length:
+                raise RemoteProtocolError(
+                    f"compressed frame {index} of {length} bytes announces {compressed} "
+                    "compressed bytes (more than 0, fewer than its length, expected)",
+                    rule="wire-format",
+                )
+            self._zphase = 2
+            self._target = allocate(self._allocator, compressed)
+            self._filled = 0
+            return None
+        self._zphase = 0
+        assert self._zcodecs is not None
+        frame = allocate(self._allocator, length)
+        decompress_into(self._zcodecs[index], target, frame)
+        return frame
 
     def _fill_packed(self) -> list[memoryview] | None:
         """Take the frames of a many-frame message (state PACKED): those shorter than
@@ -765,19 +857,27 @@ class FrameDecoder:
         view = self._view
         small = self._small
         frames = self._frames
+        zcodecs = self._zcodecs
         while True:
             target = self._target
             if target is not None:
                 if target.nbytes != self._filled and not self._fill(target):
                     return None
-                frames.append(target)
                 self._target = None
                 self._filled = 0
+                if self._zphase:
+                    target = self._compressed_step(target, self._index)
+                    if target is None:
+                        continue
+                frames.append(target)
                 self._index += 1
             index = self._index
             if index == count:
                 return self._finish_packed()
             length = lengths[index]
+            if zcodecs is not None and index in zcodecs:
+                self._target = self._start_compressed()
+                continue
             start = self._start
             avail = self._end - start
             if length < PACK_BELOW:
@@ -794,7 +894,11 @@ class FrameDecoder:
                 index += 1
                 while index < count:
                     length = lengths[index]
-                    if length >= PACK_BELOW or end + length > stop:
+                    if (
+                        length >= PACK_BELOW
+                        or end + length > stop
+                        or (zcodecs is not None and index in zcodecs)
+                    ):
                         break
                     end += length
                     index += 1
@@ -821,8 +925,9 @@ class FrameDecoder:
         frames = []
         position = 0
         fast = self._fast_alloc
-        for length in self._lengths:
-            if length < PACK_BELOW:
+        zcodecs = self._zcodecs or {}
+        for index, length in enumerate(self._lengths):
+            if length < PACK_BELOW and index not in zcodecs:
                 end = position + length
                 if fast:
                     frames.append(memoryview(small[position:end]))
@@ -848,6 +953,7 @@ class FrameDecoder:
         frames = self._frames
         self._frames = []
         self._lengths = ()
+        self._zcodecs = None
         self._state = _COUNT
         return frames
 
@@ -865,6 +971,8 @@ class FrameDecoder:
             self._reserved = 0
             self.waiting_for_budget = False
         self._target = None
+        self._zphase = 0
+        self._zcodecs = None
         self.frame_buffer_due = self.many_frames_due = False
         self._frames = []
         self._small = bytearray()

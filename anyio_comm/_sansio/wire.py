@@ -27,6 +27,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
+from .compression import CODEC_NAMES, codec_ids
 from .errors import LocalProtocolError, RemoteProtocolError
 
 if TYPE_CHECKING:
@@ -150,6 +151,9 @@ class Capability(enum.IntEnum):
     CLOSE_REASONS = 1
     #: the side accepts pickled objects (its ``allow_pickle`` is on)
     PICKLE = 2
+    #: the side accepts compressed frames, of the codecs it lists
+    #: (:attr:`Handshake.compression`)
+    COMPRESSION = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,32 +167,45 @@ class Handshake:
         capabilities: what the peer accepts (always empty on a version-1
             connection; capabilities this implementation does not know are
             left out).
+        compression: the codecs the peer decompresses (``"lz4"``,
+            ``"zstd"``), in its order of preference; empty unless
+            ``capabilities`` has ``COMPRESSION``.
     """
 
     version: int
     limits: Limits
     capabilities: frozenset[Capability] = field(default_factory=frozenset)
+    compression: tuple[str, ...] = ()
 
 
 def encode_preamble(
     limits: Limits,
     capabilities: Iterable[Capability] = (),
     version: int = PROTOCOL_VERSION,
+    compression: Sequence[str] = (),
 ) -> bytes:
     """Return the connection preamble announcing ``limits`` and ``capabilities``
-    (in increasing order of id; a version-1 preamble has none).
+    (in increasing order of id; a version-1 preamble has none), and, with
+    ``compression``, the ``COMPRESSION`` capability listing those codecs.
 
     Raises:
-        ValueError: capabilities in a version-1 preamble.
+        ValueError: capabilities in a version-1 preamble, ``COMPRESSION`` without
+            codecs, or an unknown codec.
     """
     body = _PREAMBLE_BODY_V1.pack(
         limits.max_frames, limits.max_frame_size, limits.max_message_size
     )
-    wanted = sorted(set(capabilities))
+    wanted = set(capabilities)
+    if compression:
+        wanted.add(Capability.COMPRESSION)
+    elif Capability.COMPRESSION in wanted:
+        raise ValueError("the COMPRESSION capability needs codecs")
     if wanted:
         if version < CAPABILITIES_VERSION:
             raise ValueError("a version-1 preamble has no capabilities")
-        body += b"".join(_ENTRY_HEAD.pack(capability, 0) for capability in wanted)
+        for capability in sorted(wanted):
+            value = codec_ids(compression) if capability is Capability.COMPRESSION else b""
+            body += _ENTRY_HEAD.pack(capability, len(value)) + value
     return _PREAMBLE_HEAD.pack(MAGIC, version, len(body)) + body
 
 
@@ -207,10 +224,13 @@ def parse_preamble_body(data: Buffer) -> Limits:
     return Limits(max_frames, max_frame_size, max_message_size)
 
 
-def parse_capabilities(entries: Buffer) -> frozenset[Capability]:
+def parse_capabilities(entries: Buffer) -> tuple[frozenset[Capability], tuple[str, ...]]:
     """Parse the capability entries of a version-2 preamble body (the bytes after
     its limits, to the end of the body); ids this implementation does not know
-    are skipped, and so are value bytes it does not know.
+    are skipped, and so are value bytes it does not know. Return the
+    capabilities, and the codecs of ``COMPRESSION`` that this implementation
+    knows, in the peer's order (``COMPRESSION`` is left out when there are
+    none).
 
     Raises:
         RemoteProtocolError: an entry runs past the end of the body, or an id
@@ -219,6 +239,7 @@ def parse_capabilities(entries: Buffer) -> frozenset[Capability]:
     view = memoryview(entries)
     seen: set[int] = set()
     known: set[Capability] = set()
+    codecs: tuple[str, ...] = ()
     position = 0
     end = view.nbytes
     while position < end:
@@ -240,9 +261,14 @@ def parse_capabilities(entries: Buffer) -> frozenset[Capability]:
                 f"preamble capability {ident} appears twice", rule="preamble"
             )
         seen.add(ident)
-        if ident in _KNOWN_CAPABILITIES:
+        if ident == Capability.COMPRESSION:
+            value = bytes(view[position - length : position])
+            codecs = tuple(dict.fromkeys(CODEC_NAMES[i] for i in value if i in CODEC_NAMES))
+            if codecs:
+                known.add(Capability.COMPRESSION)
+        elif ident in _KNOWN_CAPABILITIES:
             known.add(Capability(ident))
-    return frozenset(known)
+    return frozenset(known), codecs
 
 
 _KNOWN_CAPABILITIES: Final = frozenset(int(capability) for capability in Capability)

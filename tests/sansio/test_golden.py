@@ -29,6 +29,7 @@ from anyio_comm._sansio.close import (
     CloseReason,
     encode_close_record,
 )
+from anyio_comm._sansio.compression import CODEC_SHIFT, CODECS
 from anyio_comm._sansio.connection import Connection
 from anyio_comm._sansio.decoder import EndOfData, FrameDecoder
 from anyio_comm._sansio.serialization import (
@@ -56,6 +57,8 @@ EXPECTED_VECTORS = {
     "preamble-default",
     "preamble-custom-limits",
     "preamble-v1-default",
+    "preamble-compression",
+    "frames-lz4",
     "preamble-v3-forward-compat",
     "close-going-away",
     "close-handler-error",
@@ -95,6 +98,9 @@ EXPECTED_REJECTS = {
     "close-text-too-long",
     "close-name-not-utf8",
     "close-truncated",
+    "compressed-codec-unlisted",
+    "compressed-length-not-below",
+    "compressed-bad-data",
     "message-zero-frames",
     "message-empty-body",
     "message-truncated-body",
@@ -431,6 +437,36 @@ def test_preamble_custom_limits(vectors: dict[str, bytes]):
     assert handshake == Handshake(2, CUSTOM_LIMITS, frozenset(both))
 
 
+def test_preamble_compression(vectors: dict[str, bytes]):
+    vector = vectors["preamble-compression"]
+    assert encode_preamble(Limits(), CLOSE, compression=("zstd", "lz4")) == vector
+    _, handshake = decode_handshake(vector)
+    assert handshake == Handshake(
+        2, Limits(), frozenset({Capability.CLOSE_REASONS, Capability.COMPRESSION}), ("zstd", "lz4")
+    )
+
+
+def test_frames_lz4(vectors: dict[str, bytes]):
+    pytest.importorskip("cramjam")
+    vector = vectors["frames-lz4"]
+    decoder = FrameDecoder(compression=("lz4",))
+    decoder.feed(encode_preamble(Limits()))
+    assert decoder.next_handshake() is not None
+    for i in range(len(vector) - 1):
+        decoder.feed(vector[i : i + 1])
+        assert decoder.next_message() is None
+    decoder.feed(vector[-1:])
+    assert [bytes(frame) for frame in decoder.next_message() or []] == [b"a" * 64]
+    # The reference sender's header for it (it compresses only frames of 64 KiB and
+    # more, and its LZ4 library may pick other bytes for the block).
+    conn = Connection(compression=("lz4",))
+    conn.receive_data(encode_preamble(Limits(), compression=("lz4",)))
+    assert conn.next_handshake() is not None
+    frame = memoryview(b"a" * 65536)
+    header = bytes(conn.send_message([frame])[0])[:12]
+    assert header == bytes.fromhex("00000001 0100000000010000")
+
+
 def test_preamble_v1_default(vectors: dict[str, bytes]):
     vector = vectors["preamble-v1-default"]
     assert encode_preamble(Limits(), version=1) == vector
@@ -600,6 +636,7 @@ def test_constants_table(doc: str):
         "EXT_PICKLE": str(EXT_PICKLE),
         "CAP_CLOSE_REASONS": str(int(Capability.CLOSE_REASONS)),
         "CAP_PICKLE": str(int(Capability.PICKLE)),
+        "CAP_COMPRESSION": str(int(Capability.COMPRESSION)),
         "CLOSE_MARKER": CLOSE_MARKER.to_bytes(4, "big").hex(" ").upper(),
         "CLOSE_TEXT_MAX": str(MAX_CLOSE_TEXT),
         "OOB_THRESHOLD": str(DEFAULT_OOB_THRESHOLD),
@@ -659,6 +696,23 @@ def test_capability_entry_layout_table(doc: str):
     assert value[:4] == ["4", "V", "bytes", "`value`"]
     entries = encode_preamble(Limits(), CLOSE)[PREAMBLE_FIXED_SIZE + PREAMBLE_BODY_V1_SIZE :]
     assert entries == struct.pack("!HH", Capability.CLOSE_REASONS, 0)
+
+
+def test_compressed_frame_layout_table(doc: str):
+    fields = check_layout(parse_table(doc, "layout:compressed-frame")[:1])
+    assert [field[3] for field in fields] == ["compressed_length"]
+    rows = parse_table(doc, "layout:length-entry")
+    assert [row[:2] for row in rows] == [["63 to 56", "`codec`"], ["55 to 0", "`length`"]]
+    assert CODEC_SHIFT == 56
+    section = doc.split("### 6.1 Compressed frames (version 2)\n", 1)[1].split("\n## ", 1)[0]
+    codecs = {
+        line.split("|")[2].strip().strip("`"): int(line.split("|")[1])
+        for line in section.splitlines()
+        if line.startswith("| ")
+        and line.split("|")[1].strip().isdigit()
+        and line.split("|")[2].strip().startswith("`")
+    }
+    assert codecs == CODECS
 
 
 def test_capability_table(doc: str):
@@ -891,8 +945,13 @@ def test_reject_frames_layer(
     limits, _ = receiver_of(notes[name])
     if name.startswith("close-"):
         assert "having announced `CAP_CLOSE_REASONS`" in notes[name]["receiver"]
+    if name.startswith("compressed-"):
+        pytest.importorskip("cramjam")
+        assert "having announced `CAP_COMPRESSION` with `lz4`" in notes[name]["receiver"]
     decoder = FrameDecoder(
-        limits, capabilities=CLOSE if name.startswith("close-") else frozenset()
+        limits,
+        capabilities=CLOSE if name.startswith("close-") else frozenset(),
+        compression=("lz4",) if name.startswith("compressed-") else (),
     )
     if name.startswith("preamble-"):
         step = decoder.next_handshake
