@@ -305,6 +305,26 @@ async def serve_one(
     return result
 
 
+async def serve_until_stopped(
+    conn: Connection,
+    address: str,
+    handler: Callable[[Any], Awaitable[None]],
+    *,
+    budget: float,
+    **listen_options: Any,
+) -> None:
+    """Listen on ``address`` with ``handler``, report ``("ready", address)`` on ``conn``,
+    and serve until the parent sends anything on ``conn`` (or ``budget`` seconds pass)."""
+    import anyio
+
+    import anyio_comm
+
+    with anyio.fail_after(budget):
+        async with anyio_comm.listen(address, handler, **listen_options) as listener:
+            conn.send(("ready", listener.address))
+            await anyio.wait_readable(conn.fileno())
+
+
 @dataclass(frozen=True)
 class Timing:
     """The measurement of a round-trip case: ``warmup`` seconds, then ``seconds`` or

@@ -75,11 +75,9 @@ async def _server(conn: Connection, address: str, ssl_context: ssl.SSLContext | 
         async for message in comm:
             await comm.send(message)
 
-    options: dict[str, Any] = {"ssl_context": ssl_context} if ssl_context is not None else {}
-    with anyio.fail_after(STARTUP_TIMEOUT + CLIENT_BUDGET):
-        async with anyio_comm.listen(address, echo, **options) as listener:
-            conn.send(("ready", listener.address))
-            await anyio.wait_readable(conn.fileno())  # the parent says the client is done
+    await _harness.serve_until_stopped(
+        conn, address, echo, budget=STARTUP_TIMEOUT + CLIENT_BUDGET, ssl_context=ssl_context
+    )
     return {"connections": connections}
 
 

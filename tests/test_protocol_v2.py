@@ -55,6 +55,14 @@ REASONS = [
 ]
 
 
+def client_options(kind: str) -> dict[str, Any]:
+    return {"ssl_context": client_context(TLS_VERSIONS[kind])} if kind in TLS_VERSIONS else {}
+
+
+def server_options(kind: str) -> dict[str, Any]:
+    return {"ssl_context": server_context(TLS_VERSIONS[kind])} if kind in TLS_VERSIONS else {}
+
+
 @dataclasses.dataclass
 class Point:
     """Not msgpack-serializable: travels pickled, where pickle is agreed."""
@@ -350,46 +358,58 @@ async def test_a_version_1_client_of_a_listener(kind: str) -> None:
     assert handshakes == [Handshake(1, Limits())]
 
 
+class V1Server:
+    """A version-1 echo server (tests/v1peer.py) on 127.0.0.1, over TLS for the TLS
+    kinds: what it received, and whether its client ended the stream cleanly."""
+
+    def __init__(self, kind: str) -> None:
+        self.ssl_context = server_context(TLS_VERSIONS[kind]) if kind in TLS_VERSIONS else None
+        self.received: list[list[bytes]] = []
+        self.ended_cleanly = anyio.Event()
+        self.address = ""
+
+    async def serve_one(self, stream: anyio.abc.ByteStream) -> None:
+        if self.ssl_context is not None:
+            stream = await TLSStream.wrap(stream, server_side=True, ssl_context=self.ssl_context)
+        async with stream:
+            peer = V1Peer(stream)
+            await peer.handshake()
+            while (frames := await peer.receive_frames()) is not None:
+                self.received.append(frames)
+                await peer.send_frames(frames)  # echo
+        self.ended_cleanly.set()
+
+
+@asynccontextmanager
+async def v1_server(kind: str) -> AsyncIterator[V1Server]:
+    server = V1Server(kind)
+    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with multi, anyio.create_task_group() as tg:
+        tg.start_soon(multi.serve, server.serve_one)
+        port = multi.extra(anyio.abc.SocketAttribute.local_port)
+        scheme = "tls" if server.ssl_context is not None else "tcp"
+        server.address = f"{scheme}://127.0.0.1:{port}"
+        yield server
+        tg.cancel_scope.cancel()
+
+
 @pytest.mark.parametrize("kind", RAW_KINDS)
 async def test_connect_to_a_version_1_server(kind: str) -> None:
     """connect() to a version-1 server: version 1, no capabilities; messages flow,
     pickle is used as configured (agreed outside the protocol), and a close with a
     reason reaches the server as the plain end of the stream."""
-    server_side: list[list[bytes] | None] = []
-    finished = anyio.Event()
-    ssl_context = server_context(TLS_VERSIONS[kind]) if kind in TLS_VERSIONS else None
-
-    async def serve_one(listener: anyio.abc.SocketListener) -> None:
-        stream: anyio.abc.ByteStream = await listener.accept()
-        if ssl_context is not None:
-            stream = await TLSStream.wrap(stream, server_side=True, ssl_context=ssl_context)
-        async with stream:
-            peer = V1Peer(stream)
-            await peer.handshake()
-            while (frames := await peer.receive_frames()) is not None:
-                server_side.append(frames)
-                await peer.send_frames(frames)  # echo
-            server_side.append(None)
-        finished.set()
-
-    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    async with multi, anyio.create_task_group() as tg:
-        (tcp_listener,) = multi.listeners
-        tg.start_soon(serve_one, tcp_listener)
-        port = tcp_listener.extra(anyio.abc.SocketAttribute.local_port)
-        scheme = "tls" if ssl_context is not None else "tcp"
-        options: dict[str, Any] = {"allow_pickle": True}
-        if ssl_context is not None:
-            options["ssl_context"] = client_context(TLS_VERSIONS[kind])
+    async with v1_server(kind) as server:
         with anyio.fail_after(10):
-            comm = await anyio_comm.connect(f"{scheme}://127.0.0.1:{port}", **options)
+            comm = await anyio_comm.connect(
+                server.address, allow_pickle=True, **client_options(kind)
+            )
             assert comm.peer_handshake == Handshake(1, Limits())
             await comm.send({"p": Point(3, 4), "data": b"z" * 10_000})
             echoed = await comm.receive()
             assert echoed["p"] == Point(3, 4) and bytes(echoed["data"]) == b"z" * 10_000
             await comm.aclose(CloseReason(CloseCode.HANDLER_ERROR, "X", "not for v1"))
-            await finished.wait()
-    assert len(server_side) == 2 and server_side[-1] is None
+            await server.ended_cleanly.wait()
+    assert len(server.received) == 1
 
 
 async def test_a_version_1_peer_never_gets_a_close_record() -> None:
@@ -486,14 +506,6 @@ def test_close_reason_checks() -> None:
 
 
 # -- early data -------------------------------------------------------------------------
-
-
-def client_options(kind: str) -> dict[str, Any]:
-    return {"ssl_context": client_context(TLS_VERSIONS[kind])} if kind in TLS_VERSIONS else {}
-
-
-def server_options(kind: str) -> dict[str, Any]:
-    return {"ssl_context": server_context(TLS_VERSIONS[kind])} if kind in TLS_VERSIONS else {}
 
 
 async def echo(comm: Comm) -> None:
@@ -636,34 +648,16 @@ async def test_early_data_errors_come_at_the_first_receive() -> None:
 @pytest.mark.parametrize("kind", RAW_KINDS)
 async def test_early_data_to_a_version_1_server(kind: str) -> None:
     """A version-1 server reads early data as it reads any message after a preamble."""
-    ssl_context = server_context(TLS_VERSIONS[kind]) if kind in TLS_VERSIONS else None
-    received: list[list[bytes]] = []
-
-    async def serve_one(stream: anyio.abc.ByteStream) -> None:
-        if ssl_context is not None:
-            stream = await TLSStream.wrap(stream, server_side=True, ssl_context=ssl_context)
-        async with stream:
-            peer = V1Peer(stream)
-            await peer.handshake()
-            while (frames := await peer.receive_frames()) is not None:
-                received.append(frames)
-                await peer.send_frames(frames)
-
-    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    async with multi, anyio.create_task_group() as tg:
-        tg.start_soon(multi.serve, serve_one)
-        port = multi.extra(anyio.abc.SocketAttribute.local_port)
-        scheme = "tls" if ssl_context is not None else "tcp"
+    async with v1_server(kind) as server:
         with anyio.fail_after(10):
             comm = await anyio_comm.connect(
-                f"{scheme}://127.0.0.1:{port}", early_data=True, **client_options(kind)
+                server.address, early_data=True, **client_options(kind)
             )
             async with comm:
                 await comm.send("early")
                 assert await comm.receive() == "early"
                 assert comm.peer_handshake == Handshake(1, Limits())
-        tg.cancel_scope.cancel()
-    assert received == [[msgpack.packb("early")]]
+    assert server.received == [[msgpack.packb("early")]]
 
 
 # -- closing with a reason: the edges ------------------------------------------------------
@@ -972,34 +966,16 @@ async def test_compression_on_one_side_only_sends_frames_as_they_are() -> None:
 async def test_compression_towards_a_version_1_server(kind: str) -> None:
     """A version-1 server gets every frame as it is, whatever our compression."""
     pytest.importorskip("cramjam")
-    ssl_context = server_context(TLS_VERSIONS[kind]) if kind in TLS_VERSIONS else None
-    received: list[list[bytes]] = []
-
-    async def serve_one(stream: anyio.abc.ByteStream) -> None:
-        if ssl_context is not None:
-            stream = await TLSStream.wrap(stream, server_side=True, ssl_context=ssl_context)
-        async with stream:
-            peer = V1Peer(stream)
-            await peer.handshake()
-            while (frames := await peer.receive_frames()) is not None:
-                received.append(frames)
-                await peer.send_frames(frames)
-
     text = compressible(400_000)
-    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    async with multi, anyio.create_task_group() as tg:
-        tg.start_soon(multi.serve, serve_one)
-        port = multi.extra(anyio.abc.SocketAttribute.local_port)
-        scheme = "tls" if ssl_context is not None else "tcp"
+    async with v1_server(kind) as server:
         with anyio.fail_after(10):
             comm = await anyio_comm.connect(
-                f"{scheme}://127.0.0.1:{port}", compression="lz4", **client_options(kind)
+                server.address, compression="lz4", **client_options(kind)
             )
             async with comm:
                 await comm.send_frames([text])
                 assert [bytes(f) for f in await comm.receive_frames()] == [text]
-        tg.cancel_scope.cancel()
-    assert received == [[text]]
+    assert server.received == [[text]]
 
 
 def test_compression_option_is_checked() -> None:
