@@ -348,12 +348,14 @@ class Comm(ObjectStream[Any]):
 
     @property
     def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
-        return {
+        attributes: dict[Any, Callable[[], Any]] = {
             **self._transport.extra_attributes,
             CommAttribute.local_address: lambda: self._local_address,
             CommAttribute.peer_address: lambda: self._peer_address,
-            CommAttribute.peer_handshake: lambda: self.peer_handshake,
         }
+        if self._conn.peer is not None:  # (early data: not before the preamble came)
+            attributes[CommAttribute.peer_handshake] = lambda: self.peer_handshake
+        return attributes
 
     # -- receiving ---------------------------------------------------------
 
@@ -514,6 +516,11 @@ class Comm(ObjectStream[Any]):
                 with move_on_after(remaining):
                     await receiver.wait()
                     return
+            if self.handshake_complete:
+                # It came meanwhile (the event loop's reader parsed it without
+                # waking us: no message yet): the caller waits on, with the timers
+                # that apply from now on.
+                return
             await self._fail()
             raise TimeoutError(
                 f"the preamble of {self._peer_address} did not arrive within handshake_timeout"

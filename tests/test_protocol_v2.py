@@ -986,3 +986,50 @@ def test_compression_option_is_checked() -> None:
         anyio_comm.Options(compression="snappy")
     with pytest.raises(TypeError, match="codec name or a tuple"):
         anyio_comm.Options(compression=["lz4"])  # type: ignore[arg-type]
+
+
+async def test_early_data_waits_on_for_a_slow_first_reply() -> None:
+    """The server's preamble arrives at once but its first reply comes after
+    handshake_timeout: that is no handshake timeout."""
+
+    async def slow_echo(comm: Comm) -> None:
+        async for message in comm:
+            await anyio.sleep(0.6)
+            await comm.send(message)
+
+    async with anyio_comm.listen("tcp://127.0.0.1:0", slow_echo) as listener:
+        comm = await anyio_comm.connect(listener.address, early_data=True, handshake_timeout=0.2)
+        async with comm:
+            assert comm.extra(anyio_comm.CommAttribute.peer_handshake, None) in (
+                None,
+                Handshake(2, Limits(), CLOSE_ONLY),
+            )
+            await comm.send("slow")
+            with anyio.fail_after(10):
+                assert await comm.receive() == "slow"
+            assert comm.extra(anyio_comm.CommAttribute.peer_handshake) == Handshake(
+                2, Limits(), CLOSE_ONLY
+            )
+
+
+async def test_compressed_frames_travel_compressed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the sender wrote for a compressible frame is its compressed form."""
+    pytest.importorskip("cramjam")
+    from anyio_comm._sansio.compression import Compressor
+
+    sent: list[int] = []
+    compress = Compressor.compress
+
+    def spy(self: Compressor, frame: memoryview) -> memoryview | None:
+        wire_frame = compress(self, frame)
+        sent.append(frame.nbytes if wire_frame is None else -wire_frame.nbytes)
+        return wire_frame
+
+    monkeypatch.setattr(Compressor, "compress", spy)
+    text = compressible(1_000_000)
+    async with connected_pair("tcp", compression="lz4") as (client, server):
+        noise = os.urandom(100_000)
+        await client.send_frames([text, noise])
+        assert [bytes(f) for f in await server.receive_frames()] == [text, noise]
+    assert sent[1] == 100_000  # the random frame went as it is
+    assert 0 < -sent[0] < 0.5 * len(text)  # the text went compressed

@@ -386,6 +386,11 @@ class Connection:
             else:
                 entries.append(codec | length)
                 pieces.append(wire)
+        if len(entries) >= CLOSE_MARKER and self.peer_accepts(Capability.CLOSE_REASONS):
+            raise LocalProtocolError(
+                f"message has {len(entries)} frames; a peer that accepts close records "
+                f"takes at most {CLOSE_MARKER - 1}"
+            )
         return frames_to_iov(encode_header(entries), pieces)
 
     def send_eof(self) -> None:

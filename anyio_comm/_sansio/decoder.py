@@ -39,6 +39,15 @@ at most), the frame buffers (``max_frame_size`` each, ``max_message_size``
 together) and a buffer object plus a memoryview per frame (about 380 bytes
 beside the frame's bytes).
 
+Compressed frames (protocol version 2, when we announced codecs): the length
+table holds each frame's uncompressed length, so the checks above, and the
+budget's reservation, use the decompressed sizes. A compressed frame's bytes
+(its u64 compressed length, then the codec's output) are read into a buffer of
+their own, at most the frame's length less one, then decompressed into the
+frame's buffer; while it is read, that buffer adds at most as much again as
+the frame. What a message of compressed frames holds is bounded by the limits,
+not by the bytes that arrived (``received_in_message`` counts the latter).
+
 Many frames: a frame object per frame would let a peer make the receiver hold
 about 48 times what it sent (16384 empty frames are 128 KiB on the wire and
 6.2 MB as frame objects). So a *many-frame message*, one of more than
@@ -48,10 +57,11 @@ one buffer and get their own buffer and memoryview only when the message is
 complete, and with :attr:`FrameDecoder.defer_many_frames` set (the push engine
 does) its frames are not read before the task that takes the message asks for
 it. (A frame of at least PACK_BELOW bytes holds less than 8 times what it takes
-on the wire, as a frame object of its own.) While a message is received, the
-decoder holds at most 8 times the bytes of it that arrived (its header and its
-frames), plus the read-ahead buffer; a message of at most 32 frames holds at
-most 32 frame objects (12 KiB) beside its bytes.
+on the wire, as a frame object of its own.) While a message without
+compressed frames is received, the decoder holds at most 8 times the bytes of
+it that arrived (its header and its frames), plus the read-ahead buffer; a
+message of at most 32 frames holds at most 32 frame objects (12 KiB) beside its
+bytes.
 
 The decoder completes at most one message per :meth:`next_message` call and
 keeps no queue of decoded messages, so the bytes it holds are bounded by the
@@ -220,6 +230,7 @@ class FrameDecoder:
         "_target",
         "_version",
         "_view",
+        "_zadjust",
         "_zcodecs",
         "_zphase",
         "budget_min",
@@ -255,6 +266,9 @@ class FrameDecoder:
         # compressed length, 2 its compressed bytes
         self._zcodecs: dict[int, int] | None = None
         self._zphase = 0
+        # what the message's compressed frames took on the wire, less what they
+        # count as (their decompressed lengths, their prefix in _filled)
+        self._zadjust = 0
         self._allocator: Allocator = allocator or default_allocator
         # Frames that fit in the read-ahead buffer are plain bytearrays whoever
         # allocates: the fast paths copy them out of it themselves.
@@ -364,10 +378,10 @@ class FrameDecoder:
             return self._end - self._start
         received = self._end - self._start
         if state is _PACKED:
-            received += 4 + 8 * len(self._lengths) + len(self._small)
+            received += 4 + 8 * len(self._lengths) + len(self._small) + self._zadjust
             received += sum(map(len, self._frames))
             return received + (self._filled if self._target is not None else 0)
-        received += self._filled  # of the length table, or of the frame being filled
+        received += self._filled + self._zadjust  # (the frame being filled)
         if state is _FRAME:
             received += 4 + 8 * len(self._lengths) + sum(map(len, self._frames))
         else:  # LENGTHS: the count came before the table
@@ -748,6 +762,7 @@ class FrameDecoder:
     def _begin_frames(self, lengths: tuple[int, ...]) -> None:
         limits = self._limits
         self._zcodecs = None
+        self._zadjust = 0
         if self._codecs and max(lengths) > LENGTH_MASK:
             lengths = self._split_codecs(lengths)
         total = 0
@@ -836,10 +851,12 @@ class FrameDecoder:
                     rule="wire-format",
                 )
             self._zphase = 2
+            self._zadjust += 8  # the prefix, no longer in _filled
             self._target = allocate(self._allocator, compressed)
             self._filled = 0
             return None
         self._zphase = 0
+        self._zadjust += target.nbytes - length  # on the wire: its compressed bytes
         assert self._zcodecs is not None
         frame = allocate(self._allocator, length)
         decompress_into(self._zcodecs[index], target, frame)
@@ -973,6 +990,7 @@ class FrameDecoder:
         self._target = None
         self._zphase = 0
         self._zcodecs = None
+        self._zadjust = 0
         self.frame_buffer_due = self.many_frames_due = False
         self._frames = []
         self._small = bytearray()
