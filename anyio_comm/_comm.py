@@ -155,8 +155,9 @@ class IdleHook:
         self._callback: Callable[[], object] | None = None
         # the receiver while a receive() waits (set by the comm)
         self._waiting: Receiver | None = None
-        #: a receive() that waited between messages was interrupted (by the
-        #: callback, or by any cancellation): stopping there lost nothing
+        #: the last receive() was interrupted while it waited between messages
+        #: (by the callback, or by any exception) and no message has been taken
+        #: since: stopping the handler there lost nothing
         self.stopped_idle = False
 
     @property
@@ -456,6 +457,8 @@ class Comm(ObjectStream[Any]):
                             if frames is not None:
                                 self._yield_due = False
                                 self._message_waited = 0.0
+                                if hook is not None:
+                                    hook.stopped_idle = False  # busy with a message now
                                 return frames
                 except EndOfData as exc:
                     if exc.truncated:
@@ -489,6 +492,8 @@ class Comm(ObjectStream[Any]):
                 raise
             self._yield_due = False
             self._message_waited = 0.0
+            if self._hook is not None:
+                self._hook.stopped_idle = False  # busy with a message now
             return frames
         finally:
             guard.held = False

@@ -1033,3 +1033,28 @@ async def test_compressed_frames_travel_compressed(monkeypatch: pytest.MonkeyPat
         assert [bytes(f) for f in await server.receive_frames()] == [text, noise]
     assert sent[1] == 100_000  # the random frame went as it is
     assert 0 < -sent[0] < 0.5 * len(text)  # the text went compressed
+
+
+async def test_a_handlers_own_timeout_between_messages_is_not_idleness() -> None:
+    """A handler that gave up waiting for a request itself, then took one: when the
+    listener's grace period runs out in the middle of it, the client is told
+    INTERRUPTED, not GOING_AWAY."""
+    busy = anyio.Event()
+
+    async def handler(comm: Comm) -> None:
+        with anyio.move_on_after(0.05):
+            await comm.receive()  # nothing comes: the handler's own timeout
+        await comm.receive()
+        busy.set()
+        await anyio.sleep(30)
+
+    async with anyio_comm.listen("tcp://127.0.0.1:0", handler) as listener:
+        async with await anyio_comm.connect(listener.address) as comm:
+            await anyio.sleep(0.2)
+            await comm.send("work")
+            with anyio.fail_after(10):
+                await busy.wait()
+                await listener.shutdown(grace_period=0.1)
+                with pytest.raises(PeerClosedError) as info:
+                    await comm.receive()
+    assert info.value.reason.code is CloseCode.INTERRUPTED
