@@ -1058,3 +1058,17 @@ async def test_a_handlers_own_timeout_between_messages_is_not_idleness() -> None
                 with pytest.raises(PeerClosedError) as info:
                     await comm.receive()
     assert info.value.reason.code is CloseCode.INTERRUPTED
+
+
+def test_no_message_of_the_close_markers_frame_count_to_a_peer_that_reads_records() -> None:
+    """A peer whose max_frames is 2^32 - 1 and that accepts close records takes at most
+    2^32 - 2 frames (a count of FF FF FF FF begins a record there); a version-1 peer,
+    or one without the capability, keeps its announced limit."""
+    from anyio_comm._sansio.connection import Connection
+
+    largest = Limits(max_frames=2**32 - 1)
+    for capabilities, expected in ((CLOSE_ONLY, 2**32 - 2), (frozenset(), 2**32 - 1)):
+        conn = Connection()
+        conn.receive_data(encode_preamble(largest, capabilities))
+        assert conn.next_handshake() == Handshake(2, largest, capabilities)
+        assert conn._send_limits.max_frames == expected

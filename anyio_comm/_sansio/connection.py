@@ -57,6 +57,7 @@ no call on the per-message path.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from typing import TYPE_CHECKING
 
@@ -133,6 +134,7 @@ class Connection:
         "_early",
         "_our_state",
         "_peer",
+        "_send_limits",
         "_send_max",
         "_version",
         "buffer_updated",
@@ -198,6 +200,8 @@ class Connection:
         # The largest one-frame message the peer's limits accept (-1: none yet),
         # so that a one-frame send skips the general limit check.
         self._send_max = -1
+        # the peer's limits as sends are checked against them (see _set_peer)
+        self._send_limits = Limits()
 
     def __repr__(self) -> str:
         return f"<Connection our_state={self._our_state.name} their_state={self.their_state.name}>"
@@ -290,11 +294,16 @@ class Connection:
 
     def _set_peer(self, peer: Handshake) -> None:
         self._peer = peer
+        limits = peer.limits
+        if limits.max_frames >= CLOSE_MARKER and Capability.CLOSE_REASONS in peer.capabilities:
+            # To a peer that accepts close records, a frame count of CLOSE_MARKER
+            # begins one: no message may have that many frames.
+            limits = dataclasses.replace(limits, max_frames=CLOSE_MARKER - 1)
+        self._send_limits = limits
         for name in self._compression:
             if name in peer.compression:
                 self._compressor = Compressor(name)
                 break
-        limits = peer.limits
         self._send_max = (
             min(limits.max_frame_size, limits.max_message_size) if limits.max_frames >= 1 else -1
         )
@@ -352,15 +361,10 @@ class Connection:
             return self._send_compressed(frames, compressor)
         if len(frames) == 1:
             if frames[0].nbytes > self._send_max:
-                self._peer.limits.check_send([frames[0].nbytes])
+                self._send_limits.check_send([frames[0].nbytes])
             return encode_message(frames)
         lengths = list(map(len, frames))  # flat byte views: len() is the size
-        self._peer.limits.check_send(lengths)
-        if len(lengths) >= CLOSE_MARKER and self.peer_accepts(Capability.CLOSE_REASONS):
-            raise LocalProtocolError(
-                f"message has {len(lengths)} frames; a peer that accepts close records "
-                f"takes at most {CLOSE_MARKER - 1}"
-            )
+        self._send_limits.check_send(lengths)
         return encode_frames(frames, lengths)
 
     def _send_compressed(
@@ -369,7 +373,7 @@ class Connection:
         """:meth:`send_message` for a message with frames worth compressing."""
         assert self._peer is not None
         lengths = [frame.nbytes for frame in frames]
-        self._peer.limits.check_send(lengths)
+        self._send_limits.check_send(lengths)
         codec = compressor.codec << CODEC_SHIFT
         entries = []
         pieces: list[memoryview] = []
@@ -386,11 +390,6 @@ class Connection:
             else:
                 entries.append(codec | length)
                 pieces.append(wire)
-        if len(entries) >= CLOSE_MARKER and self.peer_accepts(Capability.CLOSE_REASONS):
-            raise LocalProtocolError(
-                f"message has {len(entries)} frames; a peer that accepts close records "
-                f"takes at most {CLOSE_MARKER - 1}"
-            )
         return frames_to_iov(encode_header(entries), pieces)
 
     def send_eof(self) -> None:
