@@ -35,6 +35,7 @@ if _typing.TYPE_CHECKING:
     from ._sansio.buffers import Allocator as Allocator
     from ._sansio.close import CloseCode as CloseCode
     from ._sansio.close import CloseReason as CloseReason
+    from ._sansio.frames import PackedFrames as PackedFrames
     from ._sansio.pool import BufferPool as BufferPool
     from ._sansio.pool import PoolStatistics as PoolStatistics
     from ._sansio.wire import Capability as Capability
@@ -61,6 +62,7 @@ _EXPORTS = {
     "LocalProtocolError": "._exceptions",
     "MessageTimeoutError": "._exceptions",
     "Options": "._options",
+    "PackedFrames": "._sansio.frames",
     "PeerClosed": "._exceptions",
     "PeerClosedError": "._exceptions",
     "PeerClosedOK": "._exceptions",
@@ -94,6 +96,7 @@ __all__ = [
     "LocalProtocolError",
     "MessageTimeoutError",
     "Options",
+    "PackedFrames",
     "PeerClosed",
     "PeerClosedError",
     "PeerClosedOK",

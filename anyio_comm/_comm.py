@@ -95,12 +95,13 @@ from ._sansio.wire import Capability
 from ._util import ConflictDetector
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
     from ._options import Options
     from ._receivers import Receiver
     from ._sansio._buffer import Buffer
     from ._sansio.budget import BudgetAccount, ReceiveBudget
+    from ._sansio.frames import Frames
     from ._sansio.serialization import Serializer
     from ._sansio.wire import Handshake
     from ._transports.base import Transport
@@ -260,7 +261,7 @@ class Comm(ObjectStream[Any]):
         self._yield_due = False
         # A message taken by a receive that was then cancelled in its final
         # checkpoint; the next receive returns it.
-        self._pending: list[memoryview] | None = None
+        self._pending: Frames | None = None
         self._idle_timeout = idle_timeout
         self._message_timeout = message_timeout
         self._min_receive_rate = min_receive_rate
@@ -392,12 +393,17 @@ class Comm(ObjectStream[Any]):
             await self._fail(reason=reason_for_protocol_error(exc))
             raise
 
-    async def receive_frames(self) -> list[memoryview]:
-        """Receive the next message as a list of frames.
+    async def receive_frames(self) -> Sequence[memoryview]:
+        """Receive the next message as a sequence of frames.
 
         Returns:
-            One ``memoryview`` per frame sent, each over its own exact-size
-            buffer (from the comm's allocator).
+            One writable ``memoryview`` per frame sent, in a ``list``, each
+            over its own exact-size buffer (from the comm's allocator). A
+            message of more than 32 frames some of which are shorter than 64
+            bytes comes as a :class:`PackedFrames` instead: a read-only
+            sequence whose short frames share one buffer (so that a peer's
+            many tiny frames cost no more than 8 times their wire size); call
+            ``list()`` on it for a list.
 
         Raises:
             anyio.EndOfStream: the peer closed (or sent EOF) cleanly.

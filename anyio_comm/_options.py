@@ -61,7 +61,9 @@ class Options:
             ``allocator(n)`` returning a writable buffer of ``n`` bytes
             (``None``: a ``bytearray`` up to 64 KiB, larger frames from the
             event loop's :func:`~anyio_comm.current_buffer_pool`, which reuses
-            the memory of frames nothing holds any more).
+            the memory of frames nothing holds any more). The frames shorter
+            than 64 bytes of a message of more than 32 frames are not
+            allocated one by one: they share a ``bytearray``.
         oob_threshold: bytes-like values of at least this size travel as
             out-of-band frames.
         allow_pickle: pickle what msgpack cannot encode and accept pickled data

@@ -55,9 +55,8 @@ whole message at a time. Two engines do that:
   task the same way (see
   :attr:`FrameDecoder.many_frames_due
   <anyio_comm._sansio.decoder.FrameDecoder.many_frames_due>`): until the task
-  takes it, the decoder keeps its short frames back to back in one buffer, and
-  their frame objects (about 380 bytes each) are made for the task that wants
-  them, never queued.
+  takes it, the decoder keeps its short frames back to back in one buffer,
+  where they stay (a :class:`~anyio_comm._sansio.frames.PackedFrames`).
 
 Both receive the same bytes into the same buffers (a large frame's own buffer,
 without copying) with the same system calls. The push engine saves the
@@ -90,6 +89,7 @@ if TYPE_CHECKING:
     from ._backend import Backend
     from ._sansio.budget import BudgetAccount
     from ._sansio.connection import Connection
+    from ._sansio.frames import Frames
     from ._transports.base import Transport
 
 __all__ = [
@@ -112,10 +112,12 @@ MAX_QUEUED_MESSAGES: Final = 64
 MAX_QUEUED_BYTES: Final = 64 * 1024
 
 
-def _cost(frames: list[memoryview]) -> int:
+def _cost(frames: Frames) -> int:
     """What a decoded message holds in memory, as counted against MAX_QUEUED_BYTES
     (and against the receive budget: :func:`~anyio_comm._sansio.budget.message_cost`)."""
-    return sum(map(len, frames)) + FRAME_COST * len(frames)  # flat views: len() is the size
+    if isinstance(frames, list):
+        return sum(map(len, frames)) + FRAME_COST * len(frames)  # flat views: len() is the size
+    return frames.nbytes + FRAME_COST * len(frames)
 
 
 class Receiver(metaclass=ABCMeta):
@@ -146,7 +148,7 @@ class Receiver(metaclass=ABCMeta):
         stream's end (or a failure) was seen, and every message before it taken."""
 
     @abstractmethod
-    def receive_nowait(self) -> list[memoryview] | None:
+    def receive_nowait(self) -> Frames | None:
         """Return the next message's frames, or ``None`` when none is complete.
 
         Raises:
@@ -231,7 +233,7 @@ class PullReceiver(Receiver):
         # only the receiving task reads (nothing does between its calls).
         return self._decoder.end_error is not None
 
-    def receive_nowait(self) -> list[memoryview] | None:
+    def receive_nowait(self) -> Frames | None:
         conn = self._conn
         # After a wait, the decoder holds what it held when the last call found
         # no message: go straight to the transport.
@@ -351,7 +353,7 @@ class PushReceiver(Receiver):
         # comm then times it: see Comm._wait_guarded); False again once noted.
         self._timed = self._wake_on_partial = wake_on_partial
         self.check_before_wait = True
-        self._queue: collections.deque[list[memoryview]] = collections.deque()
+        self._queue: collections.deque[Frames] = collections.deque()
         self._queued_bytes = 0
         # what ended the stream, raised after the queued messages
         self._end: BaseException | None = None
@@ -536,7 +538,7 @@ class PushReceiver(Receiver):
             return
         self._on_readable()
 
-    def _pull(self) -> list[memoryview] | None:
+    def _pull(self) -> Frames | None:
         """Read as the task, as :class:`PullReceiver` does, until the message is
         complete; then leave reading to the callback again."""
         conn = self._conn
@@ -597,7 +599,7 @@ class PushReceiver(Receiver):
             self._reading = False
             self._transport.stop_reading()
 
-    def receive_nowait(self) -> list[memoryview] | None:
+    def receive_nowait(self) -> Frames | None:
         queue = self._queue
         if queue:
             frames = queue.popleft()

@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import msgpack
 import pytest
 
 import anyio_comm
@@ -445,3 +446,69 @@ async def test_queued_messages_hold_budget_until_taken(anyio_backend_name: str) 
             while budget.in_use:
                 await anyio.sleep(0.01)
     assert seen == [size] * 3
+
+
+@pytest.mark.parametrize("layer", ["frames", "message"])
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_taken_messages_of_many_empty_frames_hold_under_8_times_their_size(
+    scheme: str, layer: str
+) -> None:
+    """4 peers each send 4 whole messages of 16,384 empty frames (the default
+    limit, 128 KiB on the wire; out-of-band frames each referenced from the body
+    for the message layer), which a handler takes (``receive_frames()`` or
+    ``receive()``) and keeps. As frame objects they would be 6.4 MB each; the
+    listener holds less than 8 times what was sent, plus what a connection costs
+    anyway (256 KiB here)."""
+    peers, per_peer, count = 4, 4, 16_384
+    if layer == "frames":
+        frames = [b""] * count
+    else:
+        refs = [msgpack.ExtType(1, i.to_bytes(4, "big")) for i in range(count - 1)]
+        frames = [msgpack.packb(refs), *[b""] * (count - 1)]
+    message = encode_header([len(f) for f in frames]) + b"".join(frames)
+    kept: list[object] = []
+
+    async def keep(comm: Comm) -> None:
+        while True:
+            if layer == "frames":
+                kept.append(await comm.receive_frames())
+            else:
+                kept.append(await comm.receive())
+
+    kwargs: dict[str, Any] = {}
+    if scheme == "tls":
+        kwargs["ssl_context"] = server_context()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        with anyio.fail_after(60):
+            async with anyio_comm.listen(f"{scheme}://127.0.0.1:0", keep, **kwargs) as listener:
+                warm = await raw_peer(listener, scheme)  # (a connection's own costs, once)
+                await warm.send(message)
+                while not kept:
+                    await anyio.sleep(0.01)
+                kept.clear()
+                gc.collect()
+                traced_before = tracemalloc.get_traced_memory()[0]
+                streams = []
+                for _ in range(peers):
+                    stream = await raw_peer(listener, scheme)
+                    for _ in range(per_peer):
+                        await stream.send(message)
+                    streams.append(stream)
+                while len(kept) < peers * per_peer:
+                    await anyio.sleep(0.01)
+                gc.collect()
+                traced = tracemalloc.get_traced_memory()[0] - traced_before
+                sent = peers * per_peer * len(message)
+                assert traced < 8 * sent + peers * 256 * 1024, (
+                    f"tracemalloc: {traced / MiB:.1f} MiB for {sent / MiB:.1f} MiB sent"
+                )
+                if layer == "frames":
+                    assert all(f == frames for f in kept)
+                else:
+                    assert all(m == [b""] * (count - 1) for m in kept)
+                for stream in [warm, *streams]:
+                    await anyio.aclose_forcefully(stream)
+    finally:
+        tracemalloc.stop()

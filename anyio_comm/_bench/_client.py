@@ -16,6 +16,7 @@ from .. import connect
 from ._common import HELLO_KEY, PROTOCOL, ClientTLS, child_process, run_on
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
     from multiprocessing.connection import Connection
 
     from .. import Comm
@@ -87,7 +88,7 @@ async def open_comm(
     return comm, info
 
 
-def _check(spec: ClientSpec, frames: list[Any]) -> None:
+def _check(spec: ClientSpec, frames: Sequence[Any]) -> None:
     if len(frames) != spec.frames or any(len(memoryview(f)) != spec.size for f in frames):
         sizes = [len(memoryview(f)) for f in frames]
         raise RuntimeError(f"the echo came back with frames of {sizes} bytes")
@@ -101,7 +102,7 @@ async def round_trips(comm: Comm, spec: ClientSpec, window: Window) -> None:
         t0 = perf_counter()
         if spec.raw:
             await comm.send_frames(payload)
-            frames: list[Any] = await comm.receive_frames()
+            frames: Sequence[Any] = await comm.receive_frames()
         else:
             await comm.send({"i": i, "data": payload})
             reply = await comm.receive()

@@ -60,10 +60,10 @@ DEFAULT_RECEIVE_BUDGET: Final = 256 * 1024 * 1024
 #: seconds a connection may hold budget without progress while others wait, by default
 DEFAULT_STALL_TIMEOUT: Final = 30.0
 #: what a frame counts for beside its bytes, so that messages of many empty frames
-#: count: while a message is received its short frames take no more than their bytes,
-#: and a frame object (a buffer and a memoryview, about 380 bytes) is made when the
-#: message is complete (a queued message has at most 32 frames shorter than 64
-#: bytes, and a longer frame's object is less than 8 times its bytes: see the decoder)
+#: count: the short frames of a message of more than 32 frames take their bytes and
+#: 16 more each, other frames a frame object each (a buffer and a memoryview, about
+#: 440 bytes, less than 8 times the bytes of a frame of 64 bytes or more: see the
+#: decoder)
 FRAME_COST: Final = 256
 
 

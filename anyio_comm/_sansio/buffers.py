@@ -5,7 +5,10 @@ with the exact frame size when the frame starts arriving. A ``memoryview``
 handed to the user (a frame from ``receive_frames()``, or an out-of-band value
 inside a message) keeps that buffer, and only that buffer, alive; no other
 frame is pinned by it. To release the memory early, copy what you need
-(``bytes(view)``) and drop the view.
+(``bytes(view)``) and drop the view. The exception: the frames shorter than 64
+bytes of a message of more than 32 frames share one ``bytearray`` (not from
+the allocator; see :mod:`~anyio_comm._sansio.frames`), which a view of any of
+them keeps alive.
 
 Memory committed: a frame's buffer is allocated when the frame starts to
 arrive, before its bytes are there. The default allocator commits pages only

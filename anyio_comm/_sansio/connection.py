@@ -83,6 +83,7 @@ if TYPE_CHECKING:
     from ._buffer import Buffer
     from .budget import BudgetAccount
     from .buffers import Allocator
+    from .frames import Frames
 
 __all__ = ["Connection", "ConnectionState"]
 
@@ -149,11 +150,12 @@ class Connection:
     #: ``buffer_updated(nbytes)``: that many bytes were written into the last
     #: buffer from :attr:`get_buffer`
     buffer_updated: Callable[[int], None]
-    #: ``next_message() -> list[memoryview] | None``: the next complete
-    #: message's frames, ``None`` if more bytes are needed. Raises
+    #: ``next_message() -> Frames | None``: the next complete message's frames
+    #: (a list, or a many-frame message's PackedFrames), ``None`` if more bytes
+    #: are needed. Raises
     #: RemoteProtocolError (a header over our limits) or EndOfData (the stream
     #: ended), again on every later call; RuntimeError before the handshake.
-    next_message: Callable[[], list[memoryview] | None]
+    next_message: Callable[[], Frames | None]
 
     def __init__(
         self,

@@ -36,8 +36,7 @@ message: the frame count before the length table is read, and every frame
 length and their sum before the first frame buffer exists. The only
 allocations driven by the peer are the length table (``8 * max_frames`` bytes
 at most), the frame buffers (``max_frame_size`` each, ``max_message_size``
-together) and a buffer object plus a memoryview per frame (about 380 bytes
-beside the frame's bytes).
+together) and the bookkeeping of the frames (see "Many frames" below).
 
 Compressed frames (protocol version 2, when we announced codecs): the length
 table holds each frame's uncompressed length, so the checks above, and the
@@ -48,20 +47,25 @@ frame's buffer; while it is read, that buffer adds at most as much again as
 the frame. What a message of compressed frames holds is bounded by the limits,
 not by the bytes that arrived (``received_in_message`` counts the latter).
 
-Many frames: a frame object per frame would let a peer make the receiver hold
-about 48 times what it sent (16384 empty frames are 128 KiB on the wire and
-6.2 MB as frame objects). So a *many-frame message*, one of more than
-``SMALL_COUNT`` (32) frames of which some are shorter than :data:`PACK_BELOW`
-bytes, is received in state PACKED: those short frames go back to back into
-one buffer and get their own buffer and memoryview only when the message is
-complete, and with :attr:`FrameDecoder.defer_many_frames` set (the push engine
-does) its frames are not read before the task that takes the message asks for
-it. (A frame of at least PACK_BELOW bytes holds less than 8 times what it takes
-on the wire, as a frame object of its own.) While a message without
-compressed frames is received, the decoder holds at most 8 times the bytes of
-it that arrived (its header and its frames), plus the read-ahead buffer; a
-message of at most 32 frames holds at most 32 frame objects (12 KiB) beside its
-bytes.
+Many frames: a frame object per frame (a buffer object and a memoryview, about
+440 bytes beside the frame's bytes, as Python allocates them) would let a peer
+make the receiver hold about 50 times what it sent (16384 empty frames are
+128 KiB on the wire and 6.4 MB as frame objects). So a *many-frame message*,
+one of more than ``SMALL_COUNT`` (32) frames of which some are shorter than
+:data:`~anyio_comm._sansio.frames.PACK_BELOW` (64) bytes, is received in state
+PACKED: those short frames go back to back into one buffer, where they stay:
+the message is delivered as a :class:`~anyio_comm._sansio.frames.PackedFrames`
+(16 bytes of bookkeeping per frame; a short frame's view is made when it is
+indexed). Its frames of 64 bytes and more get frame objects of their own, less
+than 8 times what they take on the wire (6.1 times at 64 bytes). With
+:attr:`FrameDecoder.defer_many_frames` set (the push engine does) the frames
+of such a message are not read before the task that takes the message asks for
+it. So, without compressed frames, what a message holds from its first header
+byte until it is delivered and after (its frames as ``receive_frames()``
+returns them) stays under 8 times its bytes that arrived, plus at most 32 frame
+objects (13 KiB: a message of up to 32 frames has one per frame), plus the
+read-ahead buffer (``tests/sansio/test_frames.py`` measures it for hostile
+shapes).
 
 The decoder completes at most one message per :meth:`next_message` call and
 keeps no queue of decoded messages, so the bytes it holds are bounded by the
@@ -91,6 +95,7 @@ from .buffers import Allocator, allocate, default_allocator
 from .close import CLOSE_MARKER, CloseReason, parse_close_record
 from .compression import CODEC_SHIFT, CODECS, LENGTH_MASK, decompress_into
 from .errors import RemoteProtocolError
+from .frames import PACK_BELOW, Frames, PackedFrames
 from .pool import ALIGNMENT, BufferPool
 from .wire import (
     CAPABILITIES_VERSION,
@@ -119,12 +124,6 @@ __all__ = ["DEFAULT_READ_BUFFER_SIZE", "EndOfData", "FrameDecoder"]
 
 DEFAULT_READ_BUFFER_SIZE: Final = 64 * 1024
 MIN_READ_BUFFER_SIZE: Final = 4096
-#: in a message of more than SMALL_COUNT frames, frames shorter than this wait
-#: back to back in one buffer until the message is complete, if there are any
-#: (a many-frame message: see the module; a frame of its own
-#: costs about 380 bytes beside its bytes: below this length that is more than
-#: 8 times what the frame takes on the wire)
-PACK_BELOW: Final = 64
 
 
 def check_read_buffer_size(read_buffer_size: int) -> None:
@@ -526,11 +525,14 @@ class FrameDecoder:
         self._state = _COUNT
         return Handshake(version, limits, capabilities, compression)
 
-    def next_message(self) -> list[memoryview] | None:
+    def next_message(self) -> Frames | None:
         """Return the next complete message's frames, or ``None`` if more
         bytes are needed (then call :meth:`get_buffer`).
 
-        Each frame is a ``memoryview`` over its own exact-size buffer.
+        Each frame is a ``memoryview`` over its own exact-size buffer, in a
+        ``list``; a many-frame message (see the module) comes as a
+        :class:`~anyio_comm._sansio.frames.PackedFrames`, whose short frames
+        share one buffer.
 
         Raises:
             RemoteProtocolError: a header violates our limits (and so does
@@ -606,7 +608,7 @@ class FrameDecoder:
         self._start = position
         return frames
 
-    def _next_message(self) -> list[memoryview] | None:
+    def _next_message(self) -> Frames | None:
         """The general path of :meth:`next_message`: any state, any message shape."""
         state = self._state
         if self.waiting_for_budget:
@@ -862,7 +864,7 @@ class FrameDecoder:
         decompress_into(self._zcodecs[index], target, frame)
         return frame
 
-    def _fill_packed(self) -> list[memoryview] | None:
+    def _fill_packed(self) -> PackedFrames | None:
         """Take the frames of a many-frame message (state PACKED): those shorter than
         PACK_BELOW into ``_small``, the others into buffers of their own."""
         if self.defer_many_frames:
@@ -935,32 +937,20 @@ class FrameDecoder:
             else:
                 self._target = allocate(self._allocator, length)
 
-    def _finish_packed(self) -> list[memoryview]:
-        """Give every frame of the complete many-frame message a buffer of its own."""
-        small = self._small
-        own = iter(self._frames)
-        frames = []
-        position = 0
-        fast = self._fast_alloc
-        zcodecs = self._zcodecs or {}
-        for index, length in enumerate(self._lengths):
-            if length < PACK_BELOW and index not in zcodecs:
-                end = position + length
-                if fast:
-                    frames.append(memoryview(small[position:end]))
-                else:
-                    buffer = allocate(self._allocator, length)
-                    buffer[:] = small[position:end]
-                    frames.append(buffer)
-                position = end
-            else:
-                frames.append(next(own))
+    def _finish_packed(self) -> PackedFrames:
+        """Deliver the complete many-frame message, its short frames where they
+        are (in a bytearray, whatever the allocator: one buffer for all of them
+        may be larger than a frame may be)."""
+        frames = PackedFrames(
+            self._lengths, memoryview(self._small), self._frames, self._zcodecs or ()
+        )
         self._small = bytearray()
         self._index = 0
-        self._frames = frames
-        return self._finish_message()
+        self._finish_message()
+        return frames
 
     def _finish_message(self) -> list[memoryview]:
+        """End the message (its frames are complete) and return ``_frames``."""
         if self._reserved:
             if not self.hold_reservations:
                 account = self._account

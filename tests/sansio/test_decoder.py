@@ -7,8 +7,9 @@ from itertools import accumulate
 
 import pytest
 
-from anyio_comm import BufferPool, Limits, RemoteProtocolError
+from anyio_comm import BufferPool, Limits, PackedFrames, RemoteProtocolError
 from anyio_comm._sansio.decoder import EndOfData, FrameDecoder
+from anyio_comm._sansio.frames import PACK_BELOW
 from anyio_comm._sansio.pool import ALIGNMENT
 from anyio_comm._sansio.wire import MAGIC, Capability, Handshake, encode_header, encode_preamble
 
@@ -372,7 +373,9 @@ def test_whole_many_frame_message_in_the_buffer_is_checked(
 
 
 @pytest.mark.parametrize("count", [2, 3, 32, 33, 100])
-def test_whole_many_frame_message_gets_one_buffer_per_frame(count: int) -> None:
+def test_whole_message_of_short_frames(count: int) -> None:
+    """Up to 32 frames: a list, one buffer per frame. More, some shorter than 64
+    bytes: a PackedFrames whose short frames share one buffer."""
     decoder = FrameDecoder()
     decoder.feed(PREAMBLE)
     decoder.next_handshake()
@@ -380,7 +383,13 @@ def test_whole_many_frame_message_gets_one_buffer_per_frame(count: int) -> None:
     decoder.feed(encode(frames, [b"next"]))
     message = decoder.next_message()
     assert message is not None and [bytes(f) for f in message] == frames
-    assert len({id(f.obj) for f in message}) == count  # no shared buffers
+    if count <= 32:
+        assert type(message) is list
+        assert len({id(f.obj) for f in message}) == count  # no shared buffers
+    else:
+        assert type(message) is PackedFrames
+        assert len({id(f.obj) for f in message}) == 1
+    assert all(not f.readonly for f in message)
     second = decoder.next_message()
     assert second is not None and [bytes(f) for f in second] == [b"next"]
     assert decoder.next_message() is None
@@ -525,7 +534,10 @@ def test_many_frame_message_in_pieces(split: int) -> None:
     assert c.messages == [MIXED, [b"next"], MIXED]
 
 
-def test_many_frame_message_frames_have_their_own_buffers() -> None:
+def test_many_frame_message_long_frames_have_their_own_buffers() -> None:
+    """In a many-frame message, frames of 64 bytes and more have a buffer of their
+    own, from the allocator; the short ones share one bytearray, whatever the
+    allocator."""
     sizes: list[int] = []
 
     def allocator(n: int) -> bytearray:
@@ -545,10 +557,17 @@ def test_many_frame_message_frames_have_their_own_buffers() -> None:
             stream = stream[n:]
             decoder.buffer_updated(n)
             message = decoder.next_message()
+        assert type(message) is PackedFrames
         assert [bytes(f) for f in message] == MIXED
-        assert len({id(f.obj) for f in message}) == len(MIXED)
-        assert all(len(f.obj) == len(f) and not f.readonly for f in message)  # type: ignore[arg-type]
-    assert sorted(sizes) == sorted(len(f) for f in MIXED)
+        long = [f for f in message if len(f) >= PACK_BELOW]
+        short = [f for f in message if len(f) < PACK_BELOW]
+        assert len({id(f.obj) for f in long}) == len(long)
+        assert all(len(f.obj) == len(f) for f in long)  # type: ignore[arg-type]
+        assert len({id(f.obj) for f in short}) == 1
+        assert type(short[0].obj) is bytearray
+        assert len(short[0].obj) == sum(map(len, short))  # type: ignore[arg-type]
+        assert all(not f.readonly for f in message)
+    assert sorted(sizes) == sorted(len(f) for f in MIXED if len(f) >= PACK_BELOW)
 
 
 @pytest.mark.parametrize("lengths", [[2000, 2000], [3000, 10, 3000], [1] * 40 + [2000] * 3])

@@ -184,8 +184,8 @@ def test_keys_inside_container_subclasses_refused_at_send_time(message: object) 
 
 
 def test_container_subclasses_are_walked_for_buffers() -> None:
-    s = Serializer(oob_threshold=10)
-    big = b"x" * 10
+    s = Serializer(oob_threshold=64)
+    big = b"x" * 64
     message = {"p": Pair(big, Dict(b=List([big])))}
     frames = s.dumps(message)
     assert len(frames) == 3
@@ -275,11 +275,12 @@ def unpickled() -> list[str]:
     ("key", "frames"),
     [
         (msgpack.ExtType(EXT_OOB, struct.pack("!I", 0)), [b"k"]),  # a reference to bytes
+        (msgpack.ExtType(EXT_OOB, struct.pack("!I", 0)), [b"k" * 64]),  # ... to a view
         (msgpack.ExtType(EXT_PICKLE, struct.pack("!I", 0)), [pickle.dumps("k")]),
         (msgpack.ExtType(EXT_PICKLE, struct.pack("!I", 0)), [pickle.dumps(b"k")]),
         (msgpack.Timestamp(1, 0), []),
     ],
-    ids=["oob-bytes", "pickled-str", "pickled-bytes", "timestamp"],
+    ids=["oob-bytes", "oob-view", "pickled-str", "pickled-bytes", "timestamp"],
 )
 def test_extension_values_are_refused_as_map_keys(key: object, frames: list[bytes]) -> None:
     encoded = msgpack.packb({key: 1})
