@@ -13,6 +13,10 @@ send a valid preamble and then, per ``--scenario``:
   default limit), all empty but the last, which is declared 1,000 bytes long
   and never sent: 128 KiB each, which as frame objects would cost the server
   about 6 MB (it holds them as bytes until the message is taken);
+* ``taken``: ``--messages`` (4) whole messages of ``--frames`` empty frames
+  (128 KiB each), which the server's handler takes with ``receive_frames()``
+  and keeps while the connection is open: what a taken message holds (as frame
+  objects, 6.4 MB each);
 * ``idle``: nothing after the preamble.
 
 They are opened in steps (``--peers``, cumulative counts); after each step
@@ -30,6 +34,7 @@ Run from the repository root::
     python -m benchmarks.hostile_peers                          # declare, 0-256 peers, tcp
     python -m benchmarks.hostile_peers --transport tls --backend uvloop
     python -m benchmarks.hostile_peers --scenario frames --peers 0,16,64
+    python -m benchmarks.hostile_peers --scenario taken --peers 0,16,64
     python -m benchmarks.hostile_peers --scenario idle --peers 0,1000
     python -m benchmarks.hostile_peers --unprotected --peers 0,1,4   # the old behaviour
 """
@@ -48,7 +53,7 @@ import anyio
 import anyio.to_thread
 
 import anyio_comm
-from anyio_comm._sansio.wire import encode_header, encode_preamble
+from anyio_comm._sansio.wire import SMALL_COUNT, encode_header, encode_preamble
 
 from . import _harness
 from ._harness import (
@@ -69,7 +74,7 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
 TRANSPORTS = ("tcp", "tls")
-SCENARIOS = ("declare", "frames", "idle")
+SCENARIOS = ("declare", "frames", "taken", "idle")
 TLS_VERSION = "1.3"
 SETTLE = 1.0  # seconds between opening a step's peers and measuring
 STEP_TIMEOUT = 120.0  # seconds for one step (opening peers and the round trips)
@@ -88,6 +93,7 @@ class Case:
     peers: tuple[int, ...]
     declare: int
     frames: int
+    messages: int
     round_trips: int
     unprotected: bool
 
@@ -102,12 +108,26 @@ async def _server(
         async for message in comm:
             await comm.send(message)
 
+    async def keep(comm: anyio_comm.Comm) -> None:
+        """Keep the hostile peers' messages of many frames; echo the others."""
+        kept = []
+        while True:
+            try:
+                frames = await comm.receive_frames()
+            except anyio.EndOfStream:
+                return
+            if len(frames) > SMALL_COUNT:
+                kept.append(frames)
+            else:
+                await comm.send_frames(frames)
+
     options: dict[str, Any] = {"ssl_context": ssl_context}
     if case.unprotected:
         options.update(receive_budget=None, allocator=bytearray, message_timeout=None)
     lifetime = STARTUP_TIMEOUT + STEP_TIMEOUT * (len(case.peers) + 1)
     with anyio.move_on_after(lifetime):
-        async with anyio_comm.listen(address, echo, **options) as listener:
+        handler = keep if case.scenario == "taken" else echo
+        async with anyio_comm.listen(address, handler, **options) as listener:
             conn.send(("ready", listener.address))
             while True:
                 try:
@@ -160,6 +180,8 @@ async def _client(
         first += struct.pack("!IQ", 1, case.declare) + b"\0" * 1000
     elif case.scenario == "frames":
         first += encode_header([0] * (case.frames - 1) + [1000])
+    elif case.scenario == "taken":
+        first += encode_header([0] * case.frames) * case.messages
     options: dict[str, Any] = {"ssl_context": ssl_context} if ssl_context is not None else {}
     small, large = b"x" * 1000, os.urandom(2**20)
     limiter = anyio.CapacityLimiter(100)  # connects in flight, under the listen backlog
@@ -293,7 +315,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--frames",
         type=_harness.positive_int,
         default=anyio_comm.Limits().max_frames,
-        help="frames of the frames scenario's message (default: the limit, 16384)",
+        help="frames of the frames and taken scenarios' messages (default: the limit, 16384)",
+    )
+    add(
+        "--messages",
+        type=_harness.positive_int,
+        default=4,
+        help="whole messages each peer sends in the taken scenario (default: 4)",
     )
     add("--round-trips", type=_harness.positive_int, default=50, help="1 KB ones (default: 50)")
     add("--unprotected", action="store_true", help="no budget, frames committed at their header")
@@ -328,6 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     what = {
         "declare": f"each declaring a {args.declare:,}-byte frame",
         "frames": f"each sending the header of a message of {args.frames:,} frames",
+        "taken": f"each sending {args.messages} messages of {args.frames:,} empty frames, kept",
         "idle": "idle after the preamble",
     }[args.scenario]
     print(f"{args.transport}, {mode}; peers {what}", flush=True)
@@ -339,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
             tuple(args.peers),
             args.declare,
             args.frames,
+            args.messages,
             args.round_trips,
             args.unprotected,
         )
