@@ -13,7 +13,8 @@ it when it first meets one of the schemes.
 dask's own ``to_frames`` / ``from_frames`` stay in charge of serialization;
 anyio-comm carries the frames (:meth:`anyio_comm.Comm.send_frames` and
 :meth:`~anyio_comm.Comm.receive_frames`), each received into one writable buffer
-of its exact size. Differences from ``tcp://``, all in what users cannot
+of its exact size (the frames shorter than 64 bytes of a message of more than 32
+frames share one). Differences from ``tcp://``, all in what users cannot
 observe through dask's comm API except where noted:
 
 * Frames are never split into ``distributed.comm.shard`` pieces: any frame goes

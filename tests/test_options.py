@@ -111,7 +111,7 @@ async def test_serve_from_stream_and_comm_pair_take_options() -> None:
     client, server = await comm_pair(options=options, oob_threshold=10)
     async with client, server:
         assert client.idle_timeout == server.idle_timeout == 7
-        await client.send(b"y" * 64)
+        await client.send(b"y" * 20)
         assert isinstance(await server.receive(), memoryview)
     a, b = memory_byte_stream_pair()
     comms: list[Comm] = []

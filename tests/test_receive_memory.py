@@ -450,21 +450,21 @@ async def test_queued_messages_hold_budget_until_taken(anyio_backend_name: str) 
 
 @pytest.mark.parametrize("layer", ["frames", "message"])
 @pytest.mark.parametrize("scheme", SCHEMES)
-async def test_taken_messages_of_many_empty_frames_hold_under_8_times_their_size(
+async def test_taken_messages_of_many_tiny_frames_hold_under_8_times_their_size(
     scheme: str, layer: str
 ) -> None:
-    """4 peers each send 4 whole messages of 16,384 empty frames (the default
-    limit, 128 KiB on the wire; out-of-band frames each referenced from the body
+    """4 peers each send 4 whole messages of 16,384 frames of 2 bytes (the default
+    limit, 160 KiB on the wire; out-of-band frames each referenced from the body
     for the message layer), which a handler takes (``receive_frames()`` or
-    ``receive()``) and keeps. As frame objects they would be 6.4 MB each; the
+    ``receive()``) and keeps. As frame objects they would be 6.2 MB each; the
     listener holds less than 8 times what was sent, plus what a connection costs
     anyway (256 KiB here)."""
     peers, per_peer, count = 4, 4, 16_384
     if layer == "frames":
-        frames = [b""] * count
+        frames = [b"xy"] * count
     else:
         refs = [msgpack.ExtType(1, i.to_bytes(4, "big")) for i in range(count - 1)]
-        frames = [msgpack.packb(refs), *[b""] * (count - 1)]
+        frames = [msgpack.packb(refs), *[b"xy"] * (count - 1)]
     message = encode_header([len(f) for f in frames]) + b"".join(frames)
     kept: list[object] = []
 
@@ -507,7 +507,7 @@ async def test_taken_messages_of_many_empty_frames_hold_under_8_times_their_size
                 if layer == "frames":
                     assert all(f == frames for f in kept)
                 else:
-                    assert all(m == [b""] * (count - 1) for m in kept)
+                    assert all(m == [b"xy"] * (count - 1) for m in kept)
                 for stream in [warm, *streams]:
                     await anyio.aclose_forcefully(stream)
     finally:

@@ -62,8 +62,8 @@ DEFAULT_STALL_TIMEOUT: Final = 30.0
 #: what a frame counts for beside its bytes, so that messages of many empty frames
 #: count: the short frames of a message of more than 32 frames take their bytes and
 #: 16 more each, other frames a frame object each (a buffer and a memoryview, about
-#: 440 bytes, less than 8 times the bytes of a frame of 64 bytes or more: see the
-#: decoder)
+#: 380 bytes: with its bytes, less than 8 times what a frame of 64 bytes or more takes
+#: on the wire: see the decoder)
 FRAME_COST: Final = 256
 
 

@@ -14,7 +14,8 @@ There are two places bytes can land:
 * the **read-ahead buffer**, a fixed ``bytearray`` reused for the whole
   connection. Headers and small frames arrive here; one ``recv`` may carry many
   small messages, which are then served without further system calls. A small
-  frame is copied out into a buffer of its own (a memcpy of a few KiB is far
+  frame is copied out into a buffer of its own, or, in a many-frame message
+  (below), into one buffer with the message's other short frames (a memcpy of a few KiB is far
   cheaper than a syscall).
 * the **frame's own buffer**. Each frame gets one exact-size allocation when it
   starts (never before its header passed the limits). A frame that is not
@@ -48,7 +49,7 @@ the frame. What a message of compressed frames holds is bounded by the limits,
 not by the bytes that arrived (``received_in_message`` counts the latter).
 
 Many frames: a frame object per frame (a buffer object and a memoryview, about
-440 bytes beside the frame's bytes, as Python allocates them) would let a peer
+380 bytes beside the frame's bytes, as Python allocates them) would let a peer
 make the receiver hold about 50 times what it sent (16384 empty frames are
 128 KiB on the wire and 6.4 MB as frame objects). So a *many-frame message*,
 one of more than ``SMALL_COUNT`` (32) frames of which some are shorter than
@@ -315,8 +316,8 @@ class FrameDecoder:
         #: True: :meth:`next_message` leaves the frames of a many-frame message
         #: (see the module) to be read later: it stops after their header and sets
         #: :attr:`many_frames_due`, until this is False again (a callback-driven
-        #: reader leaves them to the task that takes the message, so that their
-        #: frame objects exist only once they are wanted)
+        #: reader leaves them to the task that takes the message, so that no
+        #: queue holds such a message)
         self.defer_many_frames = False
         #: a message's many frames wait for a :meth:`next_message` call with
         #: :attr:`defer_many_frames` False (the read-ahead buffer may be full of
@@ -788,8 +789,8 @@ class FrameDecoder:
         self._target = None
         self._filled = 0
         # (a frame of PACK_BELOW bytes or more holds less than 8 times what it takes
-        # on the wire: a message of none but such frames needs no packing; a
-        # compressed frame is never packed, whatever its length)
+        # on the wire: a message of none but such frames needs no packing; a short
+        # compressed frame is read and decompressed on its own, then packed)
         packed = len(lengths) > SMALL_COUNT and min(lengths) < PACK_BELOW
         self._state = _PACKED if packed else _FRAME
         account = self._account
@@ -888,7 +889,10 @@ class FrameDecoder:
                     target = self._compressed_step(target, self._index)
                     if target is None:
                         continue
-                frames.append(target)
+                if target.nbytes < PACK_BELOW:
+                    small += target  # a short compressed frame: packed like the others
+                else:
+                    frames.append(target)
                 self._index += 1
             index = self._index
             if index == count:
@@ -941,9 +945,7 @@ class FrameDecoder:
         """Deliver the complete many-frame message, its short frames where they
         are (in a bytearray, whatever the allocator: one buffer for all of them
         may be larger than a frame may be)."""
-        frames = PackedFrames(
-            self._lengths, memoryview(self._small), self._frames, self._zcodecs or ()
-        )
+        frames = PackedFrames(self._lengths, memoryview(self._small), self._frames)
         self._small = bytearray()
         self._index = 0
         self._finish_message()
@@ -960,6 +962,7 @@ class FrameDecoder:
         frames = self._frames
         self._frames = []
         self._lengths = ()
+        self._positions = None
         self._zcodecs = None
         self._state = _COUNT
         return frames

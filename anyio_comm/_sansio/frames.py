@@ -1,9 +1,9 @@
 """The frames of a received many-frame message, held compactly.
 
 A frame object per frame (a ``memoryview`` with its managed buffer, and a
-``bytearray`` with its storage: about 440 bytes beside the frame's bytes, as
+``bytearray`` with its storage: about 380 bytes beside the frame's bytes, as
 Python allocates them) costs more than 8 times what a frame shorter than about
-55 bytes takes on the wire (its 8-byte length entry and its bytes), so a peer
+46 bytes takes on the wire (its 8-byte length entry and its bytes), so a peer
 sending thousands of empty frames would make the receiver hold 50 times what
 it sent. The decoder therefore delivers a *many-frame message* (more than
 :data:`~anyio_comm._sansio.wire.SMALL_COUNT` frames, some shorter than
@@ -24,9 +24,9 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Final, TypeAlias, overload
 
 if TYPE_CHECKING:
-    from collections.abc import Container, Iterable
+    from collections.abc import Iterable
 
-__all__ = ["PACK_BELOW", "Frames", "PackedFrames", "ShortFrame", "frame_values", "short_frame"]
+__all__ = ["PACK_BELOW", "Frames", "OutOfBand", "PackedFrames", "ShortFrame", "short_frame"]
 
 #: frames shorter than this many bytes are packed (see the module)
 PACK_BELOW: Final = 64
@@ -50,15 +50,10 @@ class PackedFrames(Sequence[memoryview]):
     __slots__ = ("_lengths", "_own", "_view", "_where")
 
     def __init__(
-        self,
-        lengths: tuple[int, ...],
-        packed: memoryview,
-        own: Iterable[memoryview],
-        unpacked: Container[int] = (),
+        self, lengths: tuple[int, ...], packed: memoryview, own: Iterable[memoryview]
     ) -> None:
         """Frames of these lengths: those shorter than :data:`PACK_BELOW` bytes
-        back to back in ``packed``, and the others, in order, in ``own`` (with
-        the frames whose index is in ``unpacked``, whatever their length).
+        back to back in ``packed``, and the others, in order, in ``own``.
 
         Raises:
             ValueError: ``packed`` or ``own`` does not hold what ``lengths`` says.
@@ -68,7 +63,7 @@ class PackedFrames(Sequence[memoryview]):
         position = 0
         taken = 0
         for index, length in enumerate(lengths):
-            if length < PACK_BELOW and index not in unpacked:
+            if length < PACK_BELOW:
                 where[index] = position
                 position += length
             else:
@@ -124,16 +119,6 @@ class PackedFrames(Sequence[memoryview]):
         """The bytes of all frames."""
         return sum(self._lengths)
 
-    def _values(self, start: int = 0) -> list[memoryview | bytes]:
-        """The frames from ``start`` on as the message layer returns them: see
-        :func:`frame_values`."""
-        view = self._view
-        own = self._own
-        return [
-            own[~where] if where < 0 else short_frame(view[where : where + length])
-            for where, length in zip(self._where[start:], self._lengths[start:], strict=True)
-        ]
-
 
 #: a received message's frames: a list, or a many-frame message's PackedFrames
 Frames: TypeAlias = list[memoryview] | PackedFrames
@@ -148,18 +133,6 @@ class ShortFrame(bytes):
     __slots__ = ()
 
 
-def frame_values(frames: Sequence[memoryview]) -> list[memoryview | bytes]:
-    """The out-of-band frames of a message (all but its first) as the message
-    layer returns them: a :class:`ShortFrame` for those shorter than
-    :data:`PACK_BELOW` bytes (49 bytes beside its bytes, with its 8-byte place
-    in a list less than 8 times what the frame takes on the wire, where a
-    ``memoryview`` and its managed buffer would not be), the ``memoryview`` for
-    the others."""
-    if type(frames) is PackedFrames:
-        return frames._values(1)
-    return [frame if frame.nbytes >= PACK_BELOW else short_frame(frame) for frame in frames[1:]]
-
-
 #: the values of frames of 0 and 1 bytes, made once (a ShortFrame takes 49 bytes
 #: beside its bytes: 8 times a 1-byte frame's 9 bytes on the wire, were it made anew)
 _TINY: Final = {b"": ShortFrame(), **{bytes([i]): ShortFrame(bytes([i])) for i in range(256)}}
@@ -168,3 +141,40 @@ _TINY: Final = {b"": ShortFrame(), **{bytes([i]): ShortFrame(bytes([i])) for i i
 def short_frame(frame: memoryview) -> ShortFrame:
     """The value of a frame shorter than :data:`PACK_BELOW` bytes."""
     return _TINY[frame.tobytes()] if frame.nbytes < 2 else ShortFrame(frame)
+
+
+class OutOfBand:
+    """The out-of-band values of a message delivered as a :class:`PackedFrames`
+    (all its frames but the first), as the message layer returns them, each made
+    once, when the body first refers to it: a :class:`ShortFrame` for a frame
+    shorter than :data:`PACK_BELOW` bytes (49 bytes beside its bytes: with its
+    8-byte place here, less than 8 times what the frame takes on the wire, where
+    a ``memoryview`` and its managed buffer would not be), the frame's
+    ``memoryview`` for a longer one. :meth:`view` gives a pickled object's
+    buffers as views (writable), also made once each."""
+
+    __slots__ = ("_frames", "_values", "_views")
+
+    def __init__(self, frames: PackedFrames) -> None:
+        self._frames = frames
+        self._values: list[memoryview | bytes | None] = [None] * (len(frames) - 1)
+        self._views: dict[int, memoryview] = {}
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def __getitem__(self, index: int) -> memoryview | bytes:
+        """Value ``index`` (frame ``index + 1``); ``index`` is at least 0."""
+        value = self._values[index]
+        if value is None:
+            frame = self._frames[index + 1]
+            value = frame if frame.nbytes >= PACK_BELOW else short_frame(frame)
+            self._values[index] = value
+        return value
+
+    def view(self, index: int) -> memoryview:
+        """Frame ``index + 1`` as a view; ``index`` is at least 0."""
+        view = self._views.get(index)
+        if view is None:
+            view = self._views[index] = self._frames[index + 1]
+        return view

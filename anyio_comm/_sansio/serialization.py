@@ -9,12 +9,13 @@ any order: with pickle enabled, pickled objects' frames follow the others).
   into the body: they are replaced by the msgpack extension type
   :data:`EXT_OOB` whose 4-byte big-endian payload is the index ``i`` of the
   out-of-band buffer (frame ``i + 1``). On receipt they come back as
-  ``memoryview`` objects over their frame's buffer (zero-copy), but frames
-  shorter than :data:`~anyio_comm._sansio.frames.PACK_BELOW` (64) bytes come
-  back as ``bytes``, made once per frame however often the body refers to it
-  (so that a peer's many tiny frames cost the receiver no more than 8 times
-  their wire size). Smaller values travel inside the body and come back as
-  ``bytes``.
+  ``memoryview`` objects over their own frame buffer (zero-copy). Smaller
+  values travel inside the body and come back as ``bytes``; so do the frames
+  shorter than 64 bytes of a message delivered as a
+  :class:`~anyio_comm._sansio.frames.PackedFrames` (a sender whose
+  ``oob_threshold`` is under 64 may send such frames), made once per frame
+  however often the body refers to it, so that a peer's many tiny frames cost
+  no more than 8 times their size on the wire.
 * With ``allow_pickle=True`` (trusted peers only) objects msgpack cannot
   encode are pickled with protocol 5; the pickle stream and every buffer it
   exports travel as out-of-band frames, referenced by the extension type
@@ -41,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Final
 import msgpack
 
 from .errors import RemoteProtocolError, SerializationError
-from .frames import PACK_BELOW, frame_values, short_frame
+from .frames import OutOfBand, PackedFrames
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -246,27 +247,18 @@ class Serializer:
 
     def _ext_hook(
         self,
-        values: list[memoryview | bytes],
-        frames: Sequence[memoryview],
+        oob: Sequence[memoryview] | OutOfBand,
         pending: list[_Pickled],
         code: int,
         data: bytes,
     ) -> Any:
         if code == EXT_OOB:
             index = _OOB_INDEX.get(data)  # the usual case: one of the first frames
-            if index is None or index >= len(values):
-                if len(data) != 4:
-                    raise RemoteProtocolError("malformed out-of-band reference")
-                index = _INDEX.unpack(data)[0]
-                if index >= len(values):
-                    raise RemoteProtocolError(
-                        f"out-of-band reference {index} but the message has "
-                        f"{len(values)} out-of-band frames"
-                    )
-            value = values[index]
-            if type(value) is memoryview and len(value) < PACK_BELOW:
-                value = values[index] = short_frame(value)  # one object per frame
-            return value
+            if index is not None and index < len(oob):
+                return oob[index]
+            if len(data) != 4:
+                raise RemoteProtocolError("malformed out-of-band reference")
+            return _oob_frame(oob, _INDEX.unpack(data)[0])
         if code == EXT_PICKLE:
             if not self._allow_pickle:
                 raise RemoteProtocolError(
@@ -275,16 +267,16 @@ class Serializer:
             if not data or len(data) % 4:
                 raise RemoteProtocolError("malformed pickle reference")
             indices = struct.unpack(f"!{len(data) // 4}I", data)
-            stream = _pickled_frame(frames, indices[0])
+            stream = _oob_view(oob, indices[0])
             # Unpickled once the whole body is decoded and valid: a placeholder is
             # neither str nor bytes, so msgpack refuses it as a map key.
-            placeholder = _Pickled(stream, [_pickled_frame(frames, i) for i in indices[1:]])
+            placeholder = _Pickled(stream, [_oob_view(oob, i) for i in indices[1:]])
             pending.append(placeholder)
             return placeholder
         raise RemoteProtocolError(f"unknown msgpack extension type {code}")
 
     def _ext_hook_no_oob(self, code: int, data: bytes) -> Any:
-        return self._ext_hook([], (), [], code, data)
+        return self._ext_hook((), [], code, data)
 
     def loads(self, frames: Sequence[memoryview]) -> Any:
         """Decode a message from its frames.
@@ -305,12 +297,9 @@ class Serializer:
         if len(frames) == 1:
             ext_hook = self._ext_hook_no_oob  # no frame a pickled object could be in
         else:
-            # the out-of-band values (see frames.frame_values): a list's short
-            # frames are made bytes when the body refers to them
-            values: list[memoryview | bytes] = (
-                frames[1:] if type(frames) is list else frame_values(frames)
-            )
-            ext_hook = functools.partial(self._ext_hook, values, frames, pending)
+            # (a PackedFrames' values are made once each, when the body refers to them)
+            oob = frames[1:] if type(frames) is not PackedFrames else OutOfBand(frames)
+            ext_hook = functools.partial(self._ext_hook, oob, pending)
         try:
             value = msgpack.unpackb(
                 frames[0],
@@ -378,14 +367,21 @@ def _unpickle_all(value: Any, pending: list[_Pickled]) -> Any:
     return value
 
 
-def _pickled_frame(frames: Sequence[memoryview], index: int) -> memoryview:
-    """Out-of-band frame ``index`` (frame ``index + 1``) as a view, for pickle."""
-    count = max(len(frames) - 1, 0)
-    if index >= count:
+def _oob_frame(oob: Sequence[memoryview] | OutOfBand, index: int) -> memoryview | bytes:
+    if index >= len(oob):
         raise RemoteProtocolError(
-            f"out-of-band reference {index} but the message has {count} out-of-band frames"
+            f"out-of-band reference {index} but the message has {len(oob)} out-of-band frames"
         )
-    return frames[index + 1]
+    return oob[index]
+
+
+def _oob_view(oob: Sequence[memoryview] | OutOfBand, index: int) -> memoryview:
+    """Out-of-band frame ``index`` as a view (a pickled object's buffer)."""
+    if index >= len(oob):
+        raise RemoteProtocolError(
+            f"out-of-band reference {index} but the message has {len(oob)} out-of-band frames"
+        )
+    return oob.view(index) if isinstance(oob, OutOfBand) else oob[index]
 
 
 def _too_deep() -> SerializationError:

@@ -184,8 +184,8 @@ def test_keys_inside_container_subclasses_refused_at_send_time(message: object) 
 
 
 def test_container_subclasses_are_walked_for_buffers() -> None:
-    s = Serializer(oob_threshold=64)
-    big = b"x" * 64
+    s = Serializer(oob_threshold=10)
+    big = b"x" * 10
     message = {"p": Pair(big, Dict(b=List([big])))}
     frames = s.dumps(message)
     assert len(frames) == 3
