@@ -662,44 +662,85 @@ class Comm(ObjectStream[Any]):
                 if conn.our_state is not _CONN_OPEN:
                     raise ClosedResourceError from None  # after send_eof()
                 raise
-            trio_lowlevel = self._trio
-            yield_due = self._yield_due
-            if trio_lowlevel is not None:
-                await trio_lowlevel.checkpoint_if_cancelled()
-            elif yield_due:
-                await asyncio.sleep(0)
-            else:
-                await self._check_cancelled()
-            transport = self._transport
-            try:
-                waited = await transport.send_all(iov)
-            except ClosedResourceError:
-                self._check_state()
-                raise
-            except BaseException as exc:
-                if transport.send_interrupted:
-                    conn.send_failed()
-                    await self._fail()
-                if isinstance(exc, BrokenResourceError):
-                    # The peer may have said why it closed (the event loop's
-                    # reader found its record already): report that, for good.
-                    end = conn.decoder.end_error
-                    if isinstance(end, EndOfData) and end.reason is not None:
-                        self._peer_reason = end.reason
-                        await self._fail()
-                        raise PeerClosedError(end.reason) from exc
-                raise
-            if waited:
-                self._yield_due = False
-            elif trio_lowlevel is None:
-                self._yield_due = not yield_due
-            elif yield_due:
-                self._yield_due = False
-                await trio_lowlevel.cancel_shielded_checkpoint()
-            else:
-                self._yield_due = True
+            await self._write(iov)
         finally:
             guard.held = False
+
+    async def _send_many(
+        self, messages: Sequence[list[memoryview]]
+    ) -> list[tuple[int, LocalProtocolError]]:
+        """Send several messages with one gather write, in order (for the RPC
+        writer, which queues the messages of many calls). A message over the
+        peer's limits is left out (nothing of it is sent); the others go.
+
+        Returns:
+            The messages left out: their index and why.
+
+        Raises:
+            the errors of :meth:`send_frames`.
+        """
+        if self._state is not _OPEN:
+            self._check_state()
+        guard = self._send_guard
+        if guard.held:
+            guard.raise_busy()
+        guard.held = True
+        try:
+            conn = self._conn
+            iov: list[Buffer] = []
+            refused: list[tuple[int, LocalProtocolError]] = []
+            for index, frames in enumerate(messages):
+                try:
+                    iov += conn.send_message(frames)
+                except LocalProtocolError as exc:
+                    if conn.our_state is not _CONN_OPEN:
+                        raise ClosedResourceError from None
+                    refused.append((index, exc))
+            if iov:
+                await self._write(iov)
+            return refused
+        finally:
+            guard.held = False
+
+    async def _write(self, iov: list[Buffer]) -> None:
+        """Write one message's (or several messages') buffers; the send guard is held."""
+        conn = self._conn
+        trio_lowlevel = self._trio
+        yield_due = self._yield_due
+        if trio_lowlevel is not None:
+            await trio_lowlevel.checkpoint_if_cancelled()
+        elif yield_due:
+            await asyncio.sleep(0)
+        else:
+            await self._check_cancelled()
+        transport = self._transport
+        try:
+            waited = await transport.send_all(iov)
+        except ClosedResourceError:
+            self._check_state()
+            raise
+        except BaseException as exc:
+            if transport.send_interrupted:
+                conn.send_failed()
+                await self._fail()
+            if isinstance(exc, BrokenResourceError):
+                # The peer may have said why it closed (the event loop's
+                # reader found its record already): report that, for good.
+                end = conn.decoder.end_error
+                if isinstance(end, EndOfData) and end.reason is not None:
+                    self._peer_reason = end.reason
+                    await self._fail()
+                    raise PeerClosedError(end.reason) from exc
+            raise
+        if waited:
+            self._yield_due = False
+        elif trio_lowlevel is None:
+            self._yield_due = not yield_due
+        elif yield_due:
+            self._yield_due = False
+            await trio_lowlevel.cancel_shielded_checkpoint()
+        else:
+            self._yield_due = True
 
     async def send_eof(self) -> None:
         """Tell the peer we will send no more messages; we can still receive.

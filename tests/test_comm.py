@@ -57,6 +57,24 @@ async def test_large_payload_is_zero_copy_memoryview(kind: str) -> None:
         assert reply["tiny"] == b"t"
 
 
+async def test_several_messages_in_one_write(kind: str) -> None:
+    """Comm._send_many (the RPC writer's batch): the messages arrive in order, one
+    over the peer's limits left out and reported, nothing of it sent."""
+    async with connected_pair(kind, limits=Limits(max_message_size=1000)) as (a, b):
+        messages = [
+            [memoryview(b"one")],
+            [memoryview(b"x" * 5000)],
+            [memoryview(b"t"), memoryview(b"wo")],
+        ]
+        refused = await a._send_many(messages)
+        assert [index for index, _ in refused] == [1]
+        assert isinstance(refused[0][1], LocalProtocolError)
+        assert [bytes(f) for f in await b.receive_frames()] == [b"one"]
+        assert [bytes(f) for f in await b.receive_frames()] == [b"t", b"wo"]
+        await a.send({"still": "usable"})
+        assert await b.receive() == {"still": "usable"}
+
+
 async def test_frames_layer(kind: str) -> None:
     async with connected_pair(kind) as (client, server):
         frames = [b"header", bytearray(b"x" * 100_000), memoryview(b""), b"\x00" * 3]

@@ -342,6 +342,21 @@ class Connection:
             self._decoder.limits, self._capabilities, self._version, self._compression
         )
 
+    def check_send(self, frames: Sequence[memoryview]) -> None:
+        """Check a message against the peer's limits, as :meth:`send_message`
+        will (nothing is checked before the peer's preamble arrived).
+
+        Raises:
+            LocalProtocolError: the message is over the peer's limits.
+        """
+        if self._peer is None:
+            return
+        if len(frames) == 1:
+            if frames[0].nbytes > self._send_max:
+                self._send_limits.check_send([frames[0].nbytes])
+            return
+        self._send_limits.check_send(list(map(len, frames)))
+
     def send_message(self, frames: Sequence[memoryview]) -> list[Buffer]:
         """Return the buffers of one gather write sending the message ``frames``
         (flat byte views: one-dimensional, format ``"B"``).

@@ -102,6 +102,22 @@ def test_sending_over_the_peers_limits_changes_nothing() -> None:
     assert pair.send([b"x" * 100]) == [b"x" * 100]  # still usable
 
 
+def test_check_send_checks_what_send_message_would() -> None:
+    """check_send() refuses exactly the messages send_message() refuses, and
+    checks nothing before the peer's limits are known."""
+    assert Connection().check_send([memoryview(b"x" * 10**6)]) is None  # no peer yet
+    pair = Pair(b_limits=Limits(max_frames=2, max_frame_size=100, max_message_size=150))
+    for frames in ([b"x" * 101], [b"x"] * 3, [b"x" * 80, b"y" * 80]):
+        views = [memoryview(f) for f in frames]
+        with pytest.raises(LocalProtocolError):
+            pair.a.check_send(views)
+        with pytest.raises(LocalProtocolError):
+            pair.a.send_message(views)
+    for frames in ([b"x" * 100], [b"x", b"y"], [b"x" * 75, b"y" * 75]):
+        pair.a.check_send([memoryview(f) for f in frames])
+        assert pair.send(frames) == frames
+
+
 def test_send_eof_then_sending_is_refused() -> None:
     pair = Pair()
     pair.a.send_eof()
