@@ -104,7 +104,8 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """The short comparison (anyio-comm vs raw floors, AnyIO streams, dask, pyzmq), ~3 min,
     then the memory of one 200 MB message over tcp and TLS, the buffer pool's bound,
-    a new connection's first round trip with and without early data, and compression."""
+    a new connection's first round trip with and without early data, compression, and
+    remote calls from 1000 callers against plain comms, dask and gRPC."""
     session.install(".[bench]")
     session.run("python", "-m", "benchmarks.compare", "--quick", *session.posargs)
     session.run("python", "-m", "benchmarks.memory")
@@ -112,6 +113,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "-m", "benchmarks.buffer_pool")
     session.run("python", "-m", "benchmarks.connect_latency")
     session.run("python", "-m", "benchmarks.compression", "--sizes", "1MB,10MB", "--repeat", "2")
+    session.run("python", "-m", "benchmarks.rpc_load", "--rounds", "3", "--seconds", "2")
 
 
 @nox.session(python="3.11")

@@ -121,6 +121,10 @@ def __getattr__(name: str) -> _typing.Any:
     Raises:
         AttributeError: ``name`` is not a public name of the package.
     """
+    if name == "rpc":  # the subpackage, imported on first use
+        value = _importlib.import_module(".rpc", __name__)
+        globals()[name] = value
+        return value
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -12,7 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from examples import echo, rpc, structured_server, testing_with_comm_pair, tls_echo, zero_copy
+from examples import (
+    echo,
+    rpc,
+    rpc_service,
+    structured_server,
+    testing_with_comm_pair,
+    tls_echo,
+    zero_copy,
+)
 
 from . import certs
 
@@ -96,6 +104,18 @@ async def test_rpc(capsys: pytest.CaptureFixture[str]) -> None:
     assert "error reply: divide failed on the server: KeyError('divide')" in out
 
 
+async def test_rpc_service(capsys: pytest.CaptureFixture[str]) -> None:
+    await rpc_service.main()
+    out = capsys.readouterr().out
+    assert "serving on tcp://127.0.0.1:" in out
+    assert "connections to the server: 1\n" in out
+    assert "pears: 55\n" in out
+    assert "remote error: KeyError: 'plum'\n" in out
+    assert "audit() was cancelled on the server when the deadline passed\n" in out
+    assert "  apple: 3\n  pear: 55\n" in out
+    assert out.endswith("log: ['restocked pears']\n")
+
+
 SCRIPT_OUTPUT = {
     "echo": "equal: True",
     "tls_echo": "email:client@example.org",  # the mutual TLS run
@@ -103,6 +123,7 @@ SCRIPT_OUTPUT = {
     "zero_copy": "total: 5 buffers allocated",
     "testing_with_comm_pair": "handle_request passed",
     "rpc": "add(1, 2) = 3",
+    "rpc_service": "pears: 55",
 }
 
 

@@ -8,9 +8,10 @@ import anyio
 import pytest
 
 import anyio_comm
+import anyio_comm.rpc
 import anyio_comm.testing
 
-MODULES = [anyio_comm, anyio_comm.testing]
+MODULES = [anyio_comm, anyio_comm.testing, anyio_comm.rpc]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
@@ -18,7 +19,7 @@ def test_all_is_complete_and_sorted(module: object) -> None:
     public = {name for name in vars(module) if not name.startswith("_")}
     public -= {"annotations"}  # from __future__
     exported = set(module.__all__)  # type: ignore[attr-defined]
-    assert public - {"testing", "dask"} <= exported  # submodules, once imported
+    assert public - {"testing", "dask", "rpc"} <= exported  # submodules, once imported
     assert all(hasattr(module, name) for name in exported)
 
 
@@ -33,7 +34,15 @@ def test_public_objects_have_docstrings(module: object) -> None:
 
 
 def test_concrete_classes_are_final() -> None:
-    for cls in (anyio_comm.Comm, anyio_comm.Listener):
+    rpc = anyio_comm.rpc
+    for cls in (
+        anyio_comm.Comm,
+        anyio_comm.Listener,
+        rpc.Client,
+        rpc.Pool,
+        rpc.Server,
+        rpc.Stream,
+    ):
         assert getattr(cls, "__final__", False), cls  # @typing.final, for type checkers
     # exceptions are meant to be subclassed only through the documented tree
     assert issubclass(anyio_comm.RemoteProtocolError, anyio_comm.ProtocolError)
@@ -53,3 +62,11 @@ def test_async_public_functions_document_what_they_raise() -> None:
         assert "Raises:" in (func.__doc__ or ""), func
     for method in ("send", "receive", "send_frames", "receive_frames", "send_eof"):
         assert "Raises:" in (getattr(anyio_comm.Comm, method).__doc__ or ""), method
+    rpc = anyio_comm.rpc
+    for func in (rpc.connect, rpc.serve, rpc.Client.call, rpc.Client.notify, rpc.Client.stream):
+        assert "Raises:" in (func.__doc__ or ""), func
+    assert "Raises:" in (rpc.Pool.client.__doc__ or "")
+    for cls in (rpc.RemoteError, rpc.MethodNotFoundError, rpc.OverloadedError):
+        assert issubclass(cls, rpc.RPCError) and issubclass(cls, anyio_comm.CommError)
+    assert issubclass(rpc.InvalidArgumentsError, TypeError)
+    assert issubclass(rpc.DeadlineExceededError, TimeoutError)

@@ -1,0 +1,86 @@
+"""Request/response calls over anyio-comm: many calls multiplexed over one
+comm, deadlines and cancellation that reach the server, typed remote errors,
+and server-side limits.
+
+::
+
+    async def add(a: int, b: int) -> int:
+        return a + b
+
+    async with anyio_comm.rpc.serve("tcp://127.0.0.1:0", {"add": add}) as server:
+        async with anyio_comm.rpc.connect(server.address) as remote:
+            assert await remote.call("add", 1, 2) == 3
+
+The messages are ordinary anyio-comm messages (see
+:mod:`anyio_comm.rpc._protocol` and the RPC guide).
+"""
+
+from __future__ import annotations
+
+from contextlib import asynccontextmanager as _asynccontextmanager
+from typing import TYPE_CHECKING as _TYPE_CHECKING
+
+from .._connect import connect as _connect_comm
+from ._client import DEFAULT_STREAM_WINDOW, Client, Stream, open_client
+from ._errors import (
+    BadCallError,
+    DeadlineExceededError,
+    InvalidArgumentsError,
+    MethodNotFoundError,
+    OverloadedError,
+    RemoteError,
+    RPCError,
+    UnavailableError,
+)
+from ._outbox import DEFAULT_LIMIT as _DEFAULT_LIMIT
+from ._pool import Pool
+from ._server import Server, serve
+
+if _TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from typing import Any
+
+__all__ = [
+    "DEFAULT_STREAM_WINDOW",
+    "BadCallError",
+    "Client",
+    "DeadlineExceededError",
+    "InvalidArgumentsError",
+    "MethodNotFoundError",
+    "OverloadedError",
+    "Pool",
+    "RPCError",
+    "RemoteError",
+    "Server",
+    "Stream",
+    "UnavailableError",
+    "connect",
+    "open_client",
+    "serve",
+]
+
+
+@_asynccontextmanager
+async def connect(
+    address: str,
+    *,
+    max_queued: int = _DEFAULT_LIMIT,
+    stream_window: int = DEFAULT_STREAM_WINDOW,
+    **connect_arguments: Any,
+) -> AsyncIterator[Client]:
+    """Connect to the RPC server at ``address``; a :class:`Client` until the
+    block ends.
+
+    Args:
+        address: the server's address.
+        max_queued: messages queued for sending before calls wait for room.
+        stream_window: items of a stream the server may send ahead.
+        connect_arguments: passed to :func:`anyio_comm.connect` (``timeout``,
+            ``retry``, ``ssl_context``, options).
+
+    Raises:
+        OSError, TimeoutError, ...: as :func:`anyio_comm.connect` raises.
+    """
+    comm = await _connect_comm(address, **connect_arguments)
+    async with open_client(comm, max_queued=max_queued, stream_window=stream_window) as client:
+        yield client

@@ -1,0 +1,399 @@
+"""The calling side: many concurrent calls multiplexed over one comm."""
+
+from __future__ import annotations
+
+import collections
+import math
+from contextlib import asynccontextmanager
+from functools import partial
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import anyio
+
+from .._compat import final
+from .._sansio.close import CloseCode, CloseReason
+from .._sansio.errors import LocalProtocolError
+from ._errors import RPCError, UnavailableError, error_for
+from ._outbox import DEFAULT_LIMIT, Outbox
+from ._protocol import (
+    Call,
+    Cancel,
+    Credit,
+    ErrorReply,
+    Item,
+    Notify,
+    ProtocolViolation,
+    Result,
+    decode,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from .._comm import Comm
+
+__all__ = ["DEFAULT_STREAM_WINDOW", "Client", "Stream", "open_client"]
+
+#: items of a stream the server may send before the client takes them, by default
+DEFAULT_STREAM_WINDOW = 16
+
+
+class _Pending:
+    """A call waiting for its reply."""
+
+    __slots__ = ("event", "outcome")
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        #: the reply, the refusal of the call's message, or the connection's end
+        self.outcome: Result | ErrorReply | BaseException | None = None
+
+    def finish(self, outcome: Result | ErrorReply | BaseException) -> None:
+        self.outcome = outcome
+        self.event.set()
+
+
+class _StreamPending(_Pending):
+    """A streaming call: its items not taken yet, and the credit it gave."""
+
+    __slots__ = ("granted", "items", "received")
+
+    def __init__(self, window: int) -> None:
+        super().__init__()
+        self.items: collections.deque[Any] = collections.deque()
+        self.granted = window
+        self.received = 0
+
+    def add(self, item: Any) -> None:
+        self.items.append(item)
+        self.received += 1
+        if self.received > self.granted:
+            raise ProtocolViolation("a server sent more stream items than it was allowed")
+        self.event.set()
+
+
+@final
+class Stream:
+    """The results of a streaming call, as an async iterator (see
+    :meth:`Client.stream`); one task at a time reads it."""
+
+    __slots__ = ("_call_id", "_client", "_method", "_pending", "_reading", "_taken", "_window")
+
+    def __init__(
+        self, client: Client, method: str, call_id: int, pending: _StreamPending, window: int
+    ) -> None:
+        self._client = client
+        self._method = method
+        self._call_id = call_id
+        self._pending = pending
+        self._window = window
+        self._taken = 0
+        self._reading = False
+
+    def __aiter__(self) -> Stream:
+        return self
+
+    async def __anext__(self) -> Any:
+        """The next item.
+
+        Raises:
+            StopAsyncIteration: the stream ended.
+            anyio.BusyResourceError: another task is waiting for an item of it.
+            the errors of :meth:`Client.call`.
+        """
+        pending = self._pending
+        if self._reading:
+            raise anyio.BusyResourceError("reading from")
+        self._reading = True
+        try:
+            while not pending.items:
+                outcome = pending.outcome
+                if outcome is not None:
+                    if type(outcome) is Result:
+                        raise StopAsyncIteration
+                    self._client._raise_outcome(self._method, outcome)
+                pending.event = anyio.Event()
+                await pending.event.wait()
+        finally:
+            self._reading = False
+        item = pending.items.popleft()
+        self._taken += 1
+        if self._taken >= max(self._window // 2, 1) and pending.outcome is None:
+            # give the credit back in batches, half a window at a time
+            pending.granted += self._taken
+            self._client._outbox.put_now(Credit(self._call_id, self._taken).encode())
+            self._taken = 0
+        return item
+
+
+@final
+class Client:
+    """Calls the methods of one RPC server, many calls at once over one comm.
+
+    Made by :func:`anyio_comm.rpc.connect` (or :func:`open_client` over a comm
+    you have): it runs a task that reads the replies and one that sends the
+    calls' messages in order (a call cancelled while its message is written
+    never breaks the connection for the others).
+    """
+
+    def __init__(
+        self,
+        comm: Comm,
+        *,
+        max_queued: int = DEFAULT_LIMIT,
+        stream_window: int = DEFAULT_STREAM_WINDOW,
+    ) -> None:
+        if stream_window < 1:
+            raise ValueError("stream_window must be at least 1")
+        self._window = stream_window
+        self._comm = comm
+        self._outbox = Outbox(comm, max_queued)
+        self._calls: dict[int, _Pending] = {}
+        self._next_id = 0
+        #: why no more calls can be made (the connection ended), once it did
+        self._ended: BaseException | None = None
+        self._closed = False
+
+    @property
+    def comm(self) -> Comm:
+        """The comm the calls go over."""
+        return self._comm
+
+    @property
+    def calls_in_flight(self) -> int:
+        """The calls waiting for their reply."""
+        return len(self._calls)
+
+    @property
+    def usable(self) -> bool:
+        """False once the client was closed or its connection ended."""
+        return not self._closed and self._ended is None
+
+    async def call(self, method: str, /, *args: Any, **kwargs: Any) -> Any:
+        """Call ``method`` on the server with these arguments; return its result.
+
+        The remaining time of the caller's deadline (``anyio.fail_after``,
+        ``move_on_after``) travels with the call: the server cancels the
+        handler when it passes. Cancelled (or timed out) here, the call is
+        withdrawn if its message was not sent yet, and otherwise a cancel
+        follows it, which cancels the handler on the server; its reply, if
+        one comes, is dropped. The arguments' buffers are sent without a copy:
+        do not change them until the call returns.
+
+        Raises:
+            RemoteError: the handler raised (its class name and message).
+            MethodNotFoundError: the server has no such method.
+            InvalidArgumentsError: the arguments do not fit the method.
+            OverloadedError: the server rejected the call at its limit.
+            DeadlineExceededError: the deadline passed on the server first.
+            UnavailableError: the connection ended before the reply came.
+            SerializationError: an argument cannot be serialized.
+            LocalProtocolError: the call is over the server's limits (nothing
+                was sent).
+            anyio.ClosedResourceError: the client was closed.
+        """
+        self._check(method)
+        call_id = self._next_id
+        self._next_id = call_id + 1
+        message = Call(call_id, method, list(args), kwargs, self._timeout()).encode()
+        pending = _Pending()
+        try:
+            entry = await self._outbox.put(message, partial(self._refused, call_id))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise self._unavailable(method, self._ended or exc) from exc
+        self._calls[call_id] = pending
+        try:
+            await pending.event.wait()
+        except BaseException:
+            if self._calls.pop(call_id, None) is not None and not Outbox.withdraw(entry):
+                self._outbox.put_now(Cancel(call_id).encode())
+            raise
+        outcome = pending.outcome
+        if type(outcome) is Result:
+            return outcome.value
+        assert outcome is not None
+        self._raise_outcome(method, outcome)
+
+    @asynccontextmanager
+    async def stream(self, method: str, /, *args: Any, **kwargs: Any) -> AsyncIterator[Stream]:
+        """Call ``method``, an async generator on the server, and iterate over
+        the items it yields: ``async with client.stream("m") as items: async for
+        item in items: ...``.
+
+        The server yields at most ``stream_window`` items ahead of the ones
+        taken here (flow control: a slow consumer slows the producer, and no
+        other call waits for it). Leaving the block before the end, or being
+        cancelled, cancels the generator on the server. Deadlines travel as
+        with :meth:`call`.
+
+        Raises:
+            the errors of :meth:`call` (when the block is entered, or while
+            iterating); BadCallError: ``method`` is not a generator.
+        """
+        self._check(method)
+        call_id = self._next_id
+        self._next_id = call_id + 1
+        message = Call(call_id, method, list(args), kwargs, self._timeout(), True).encode()
+        pending = _StreamPending(self._window)
+        try:
+            entry = await self._outbox.put(message, partial(self._refused, call_id))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise self._unavailable(method, self._ended or exc) from exc
+        self._calls[call_id] = pending
+        self._outbox.put_now(Credit(call_id, self._window).encode())
+        try:
+            yield Stream(self, method, call_id, pending, self._window)
+        finally:
+            if self._calls.pop(call_id, None) is not None and not Outbox.withdraw(entry):
+                self._outbox.put_now(Cancel(call_id).encode())
+
+    def _raise_outcome(
+        self, method: str, outcome: Result | ErrorReply | BaseException
+    ) -> NoReturn:
+        assert type(outcome) is not Result
+        if type(outcome) is ErrorReply:
+            raise error_for(method, outcome.code, outcome.type, outcome.message)
+        if isinstance(outcome, LocalProtocolError):
+            raise outcome
+        assert isinstance(outcome, BaseException)
+        raise self._unavailable(method, outcome) from outcome
+
+    @staticmethod
+    def _timeout() -> float | None:
+        deadline = anyio.current_effective_deadline()
+        return None if deadline == math.inf else max(deadline - anyio.current_time(), 0.0)
+
+    async def notify(self, method: str, /, *args: Any, **kwargs: Any) -> None:
+        """Send a one-way call: the server runs ``method`` and sends nothing back
+        (its errors are only logged there). Returns once the message is queued
+        (it waits while the queue is full).
+
+        Raises:
+            SerializationError: an argument cannot be serialized.
+            UnavailableError: the connection ended.
+            anyio.ClosedResourceError: the client was closed.
+        """
+        self._check(method)
+        try:
+            await self._outbox.put(Notify(method, list(args), kwargs).encode())
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise self._unavailable(method, self._ended or exc) from exc
+
+    async def aclose(self) -> None:
+        """Close the client and its comm. Calls in flight raise
+        :exc:`anyio.ClosedResourceError`."""
+        self._closed = True
+        self._outbox.close()
+        await self._comm.aclose()
+
+    async def run(self) -> None:
+        """Send the calls' messages and read the replies until the connection
+        ends or the client is closed (or this is cancelled); then every call in
+        flight fails."""
+        ended: BaseException = anyio.BrokenResourceError("the client stopped")
+        try:
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(self._outbox.run)
+                try:
+                    ended = await self._read()
+                finally:
+                    self._outbox.close()
+        finally:
+            self._end(ended)
+
+    async def _read(self) -> BaseException:
+        comm = self._comm
+        calls = self._calls
+        while True:
+            try:
+                message = await comm.receive()
+            except Exception as exc:
+                return exc
+            try:
+                reply = decode(message)
+            except ProtocolViolation as exc:
+                await _refuse(comm, exc)
+                return exc
+            if type(reply) is Result or type(reply) is ErrorReply:
+                pending = calls.pop(reply.id, None)
+                if pending is not None:  # else: cancelled, or a stray reply
+                    pending.finish(reply)
+            elif type(reply) is Item:
+                stream = calls.get(reply.id)
+                if type(stream) is _StreamPending:
+                    try:
+                        stream.add(reply.value)
+                    except ProtocolViolation as exc:
+                        await _refuse(comm, exc)
+                        return exc
+                elif stream is not None:
+                    error = ProtocolViolation("a server sent stream items for a call")
+                    await _refuse(comm, error)
+                    return error
+            else:
+                error = ProtocolViolation(f"a server sent a {type(reply).__name__} message")
+                await _refuse(comm, error)
+                return error
+
+    def _end(self, error: BaseException) -> None:
+        if self._closed:
+            error = anyio.ClosedResourceError()  # we ended it
+        self._ended = error
+        calls = list(self._calls.values())
+        self._calls.clear()
+        for pending in calls:
+            pending.finish(error)
+
+    def _refused(self, call_id: int, error: LocalProtocolError) -> None:
+        pending = self._calls.pop(call_id, None)
+        if pending is not None:
+            pending.finish(error)
+
+    def _check(self, method: str) -> None:
+        if self._ended is not None:
+            raise self._unavailable(method, self._ended) from self._ended
+        if self._closed:
+            raise anyio.ClosedResourceError
+
+    def _unavailable(
+        self, method: str, error: BaseException
+    ) -> RPCError | anyio.ClosedResourceError:
+        """What a call raises because the connection ended with ``error``: the
+        end of a client this side closed is ClosedResourceError."""
+        if self._closed and isinstance(error, anyio.ClosedResourceError):
+            return anyio.ClosedResourceError()
+        return UnavailableError(method, type(error).__name__, str(error) or "connection ended")
+
+
+async def _refuse(comm: Comm, error: ProtocolViolation) -> None:
+    """Close ``comm``, telling the peer which rule its message broke."""
+    await comm.aclose(CloseReason(CloseCode.PROTOCOL_ERROR, "rpc", str(error)[:1024]))
+
+
+@asynccontextmanager
+async def open_client(
+    comm: Comm, *, max_queued: int = DEFAULT_LIMIT, stream_window: int = DEFAULT_STREAM_WINDOW
+) -> AsyncIterator[Client]:
+    """A :class:`Client` over ``comm``, running until the block ends (then the
+    comm is closed).
+
+    Args:
+        comm: a comm to an RPC server; the client owns it from now on.
+        max_queued: messages queued for sending before calls wait for room.
+        stream_window: items of a stream the server may send ahead.
+
+    Raises:
+        ValueError: a limit is below 1.
+    """
+    client = Client(comm, max_queued=max_queued, stream_window=stream_window)
+    body_error: Exception | None = None
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(client.run, name=f"rpc client {comm.peer_address}")
+        try:
+            yield client
+        except Exception as exc:
+            body_error = exc  # re-raised below, not in an ExceptionGroup
+        finally:
+            await client.aclose()
+    if body_error is not None:
+        raise body_error

@@ -1,0 +1,126 @@
+"""The errors a remote call raises.
+
+::
+
+    CommError
+     └── RPCError                     a call failed on the server, or its reply
+          │                           could not be had
+          ├── RemoteError             the handler raised: ``remote_type`` and
+          │                           ``remote_message`` are its exception's class
+          │                           name and message
+          ├── MethodNotFoundError     the server has no method of that name
+          ├── InvalidArgumentsError   (also a TypeError) the arguments do not
+          │                           match the method's signature
+          ├── OverloadedError         the server was at its limit of concurrent
+          │                           calls and rejected the call
+          ├── DeadlineExceededError   (also a TimeoutError) the call's timeout
+          │                           passed on the server, which cancelled it
+          ├── UnavailableError        the server shut down, or the connection was
+          │                           lost, before the call's reply came
+          └── BadCallError            the server refused the call as malformed
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+from .._sansio.errors import CommError
+from ._protocol import ErrorCode
+
+__all__ = [
+    "BadCallError",
+    "DeadlineExceededError",
+    "InvalidArgumentsError",
+    "MethodNotFoundError",
+    "OverloadedError",
+    "RPCError",
+    "RemoteError",
+    "UnavailableError",
+    "error_for",
+]
+
+
+class RPCError(CommError):
+    """A remote call failed.
+
+    Attributes:
+        method: the method called.
+        remote_type: the server's name for what went wrong (for
+            :exc:`RemoteError`, the class name of the handler's exception).
+        remote_message: the server's message.
+    """
+
+    code: ErrorCode = ErrorCode.ERROR
+
+    def __init__(self, method: str, remote_type: str, remote_message: str) -> None:
+        self.method = method
+        self.remote_type = remote_type
+        self.remote_message = remote_message
+        super().__init__(self._describe())
+
+    def _describe(self) -> str:
+        return f"{self.method}(): {self.remote_type}: {self.remote_message}"
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return type(self), (self.method, self.remote_type, self.remote_message)
+
+
+class RemoteError(RPCError):
+    """The handler raised an exception (its class name and message are here; its
+    traceback stays on the server)."""
+
+
+class MethodNotFoundError(RPCError):
+    """The server has no method of that name."""
+
+    code = ErrorCode.METHOD_NOT_FOUND
+
+
+class InvalidArgumentsError(RPCError, TypeError):
+    """The arguments do not match the method's signature."""
+
+    code = ErrorCode.INVALID_ARGUMENTS
+
+
+class OverloadedError(RPCError):
+    """The server was at its limit of concurrent calls and rejected the call."""
+
+    code = ErrorCode.OVERLOADED
+
+
+class DeadlineExceededError(RPCError, TimeoutError):
+    """The call's timeout passed on the server, which cancelled its handler."""
+
+    code = ErrorCode.DEADLINE_EXCEEDED
+
+
+class UnavailableError(RPCError):
+    """The server shut down, or the connection to it was lost, before the reply
+    came: the call may or may not have run."""
+
+    code = ErrorCode.UNAVAILABLE
+
+
+class BadCallError(RPCError):
+    """The server refused the call as malformed."""
+
+    code = ErrorCode.BAD_CALL
+
+
+_CLASSES: Final = {
+    cls.code: cls
+    for cls in (
+        RemoteError,
+        MethodNotFoundError,
+        InvalidArgumentsError,
+        OverloadedError,
+        DeadlineExceededError,
+        UnavailableError,
+        BadCallError,
+    )
+}
+
+
+def error_for(method: str, code: ErrorCode, remote_type: str, remote_message: str) -> RPCError:
+    """The exception an ERROR reply with this code stands for."""
+    return _CLASSES[code](method, remote_type, remote_message)

@@ -1,0 +1,260 @@
+"""Connections to RPC servers, shared by the calls of many tasks."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Final
+
+import anyio
+
+from .._compat import final
+from .._connect import connect
+from ._client import DEFAULT_STREAM_WINDOW, Client
+from ._outbox import DEFAULT_LIMIT
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+    from types import TracebackType
+
+    from anyio.abc import TaskGroup
+
+__all__ = ["Pool"]
+
+logger = logging.getLogger("anyio_comm.rpc")
+
+#: connections per address, and users of one connection at once, by default
+DEFAULT_MAX_PER_ADDRESS: Final = 4
+DEFAULT_MAX_USERS: Final = 100
+#: seconds an unused connection stays open, by default
+DEFAULT_IDLE_TIMEOUT: Final = 30.0
+
+
+class _Connection:
+    __slots__ = ("address", "client", "idle_since", "users")
+
+    def __init__(self, address: str, client: Client, now: float) -> None:
+        self.address = address
+        self.client = client
+        self.users = 0
+        self.idle_since = now
+
+
+@final
+class Pool:
+    """Connections to RPC servers, shared by the calls of many tasks.
+
+    ``async with pool.client(address) as remote`` gives a :class:`Client` over
+    one of at most ``max_per_address`` connections to ``address``: the one with
+    the fewest users, as long as it has fewer than ``max_users_per_connection``;
+    when all have that many, a new one (one connection is made at a time per
+    address: the tasks that need one meanwhile wait for it, and if it cannot be
+    made they all raise why). Calls of the tasks that share a connection are
+    multiplexed over it. When there are ``max_per_address`` connections, all
+    full, the task waits for a user to leave, at most ``wait_timeout`` seconds.
+    A connection whose peer went away is replaced at the next use; one unused
+    for ``idle_timeout`` seconds is closed. New connections are made with
+    ``anyio_comm.connect(retry=True)``: a server that is not up yet is retried
+    with jittered exponential backoff until ``connect_timeout``.
+
+    Use it as an async context manager; leaving the block closes every
+    connection (calls in flight raise :exc:`anyio.ClosedResourceError`).
+
+    Args:
+        max_per_address: connections to one address at once.
+        max_users_per_connection: ``client()`` blocks sharing one connection.
+        idle_timeout: seconds before an unused connection is closed (``None``:
+            never).
+        wait_timeout: seconds ``client()`` waits for a connection with room
+            (``None``: no limit beyond the caller's own deadline).
+        connect_timeout: seconds a new connection may take, retries included.
+        max_queued: see :func:`~anyio_comm.rpc.open_client`.
+        stream_window: see :func:`~anyio_comm.rpc.open_client`.
+        connect_arguments: passed to :func:`anyio_comm.connect` (``ssl_context``,
+            options).
+
+    Raises:
+        ValueError: a limit is below 1, or a timeout is not positive.
+    """
+
+    def __init__(
+        self,
+        *,
+        max_per_address: int = DEFAULT_MAX_PER_ADDRESS,
+        max_users_per_connection: int = DEFAULT_MAX_USERS,
+        idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
+        wait_timeout: float | None = None,
+        connect_timeout: float = 10.0,
+        max_queued: int = DEFAULT_LIMIT,
+        stream_window: int = DEFAULT_STREAM_WINDOW,
+        **connect_arguments: Any,
+    ) -> None:
+        if max_per_address < 1 or max_users_per_connection < 1:
+            raise ValueError("max_per_address and max_users_per_connection must be at least 1")
+        for name, value in (
+            ("idle_timeout", idle_timeout),
+            ("wait_timeout", wait_timeout),
+            ("connect_timeout", connect_timeout),
+        ):
+            if value is not None and not value > 0:
+                raise ValueError(f"{name} must be positive")
+        if max_queued < 1 or stream_window < 1:
+            raise ValueError("max_queued and stream_window must be at least 1")
+        self._max_per_address = max_per_address
+        self._max_users = max_users_per_connection
+        self._idle_timeout = idle_timeout
+        self._wait_timeout = wait_timeout
+        self._connect_timeout = connect_timeout
+        self._client_options = {"max_queued": max_queued, "stream_window": stream_window}
+        self._connect_arguments = connect_arguments
+        self._connections: dict[str, list[_Connection]] = {}
+        #: the addresses a connection is being made to
+        self._opening: dict[str, int] = {}
+        #: per address, the connections that could not be made, and the last error
+        self._failures: dict[str, tuple[int, Exception | None]] = {}
+        self._changed = anyio.Event()
+        self._task_group: TaskGroup | None = None
+        self._stack: contextlib.AsyncExitStack | None = None
+        self._closed = False
+
+    def connections(self, address: str | None = None) -> int:
+        """The open connections (to ``address``, or to all)."""
+        if address is not None:
+            return len(self._connections.get(address, ()))
+        return sum(map(len, self._connections.values()))
+
+    async def __aenter__(self) -> Pool:
+        if self._stack is not None or self._closed:
+            raise RuntimeError("a Pool is entered once")
+        async with contextlib.AsyncExitStack() as stack:
+            self._task_group = await stack.enter_async_context(anyio.create_task_group())
+            stack.callback(self._task_group.cancel_scope.cancel)
+            stack.push_async_callback(self._close_all)
+            if self._idle_timeout is not None:
+                self._task_group.start_soon(self._close_idle, name="rpc pool: idle connections")
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self._closed = True
+        stack = self._stack
+        assert stack is not None
+        # (not handed the block's exception: the task group would put it in an
+        # ExceptionGroup; it propagates as it is once the connections are closed)
+        await stack.__aexit__(None, None, None)
+
+    @asynccontextmanager
+    async def client(self, address: str) -> AsyncIterator[Client]:
+        """A :class:`Client` to ``address`` over a pooled connection, for the
+        block.
+
+        Raises:
+            TimeoutError: no connection had room within ``wait_timeout``, or a
+                new one could not be made within ``connect_timeout``.
+            OSError: the connection failed (see :func:`anyio_comm.connect`);
+                the tasks that waited for that connection raise the same error.
+            anyio.ClosedResourceError: the pool is closed.
+            RuntimeError: the pool was not entered.
+        """
+        conn = await self._acquire(address)
+        try:
+            yield conn.client
+        finally:
+            conn.users -= 1
+            if conn.users == 0:
+                conn.idle_since = anyio.current_time()
+            self._signal()
+
+    async def _acquire(self, address: str) -> _Connection:
+        if self._task_group is None:
+            raise RuntimeError("enter the Pool (async with) before using it")
+        deadline = math.inf if self._wait_timeout is None else self._wait_timeout
+        deadline += anyio.current_time()
+        failures = self._failures.get(address, (0, None))[0]
+        while True:
+            if self._closed:
+                raise anyio.ClosedResourceError
+            count, error = self._failures.get(address, (0, None))
+            if count != failures and error is not None:
+                raise error  # the connection this task waited for could not be made
+            live = [c for c in self._connections.get(address, ()) if c.client.usable]
+            best = min(live, key=lambda c: c.users, default=None)
+            if best is not None and best.users < self._max_users:
+                best.users += 1
+                return best
+            if not self._opening.get(address) and len(live) < self._max_per_address:
+                return await self._open(address)
+            changed = self._changed
+            if self._opening.get(address):
+                await changed.wait()  # for the connection being made: no wait_timeout
+            else:
+                with anyio.fail_after(max(deadline - anyio.current_time(), 0)):
+                    await changed.wait()
+
+    async def _open(self, address: str) -> _Connection:
+        self._opening[address] = 1
+        try:
+            comm = await connect(
+                address,
+                timeout=self._connect_timeout,
+                retry=True,
+                **self._connect_arguments,
+            )
+        except Exception as exc:
+            count = self._failures.get(address, (0, None))[0]
+            self._failures[address] = (count + 1, exc)
+            raise
+        finally:
+            del self._opening[address]
+            self._signal()
+        conn = _Connection(address, Client(comm, **self._client_options), anyio.current_time())
+        conn.users = 1
+        self._connections.setdefault(address, []).append(conn)
+        assert self._task_group is not None
+        self._task_group.start_soon(self._run, conn, name=f"rpc pool: {address}")
+        return conn
+
+    async def _run(self, conn: _Connection) -> None:
+        try:
+            await conn.client.run()
+        except Exception:  # a bug: never take the pool's other connections with it
+            logger.exception("rpc pool: the connection to %s failed", conn.address)
+        finally:
+            with anyio.CancelScope(shield=True):
+                await conn.client.aclose()
+            connections = self._connections.get(conn.address)
+            if connections is not None and conn in connections:
+                connections.remove(conn)
+                if not connections:
+                    del self._connections[conn.address]
+            self._signal()
+
+    async def _close_idle(self) -> None:
+        timeout = self._idle_timeout
+        assert timeout is not None
+        while True:
+            await anyio.sleep(timeout / 4)
+            now = anyio.current_time()
+            for connections in list(self._connections.values()):
+                for conn in list(connections):
+                    if conn.users == 0 and now - conn.idle_since >= timeout:
+                        await conn.client.aclose()  # its _run removes it
+
+    async def _close_all(self) -> None:
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            for connections in list(self._connections.values()):
+                for conn in list(connections):
+                    await conn.client.aclose()
+        self._signal()
+
+    def _signal(self) -> None:
+        self._changed.set()
+        self._changed = anyio.Event()

@@ -1,0 +1,251 @@
+"""The RPC messages: ordinary anyio-comm messages, each a MessagePack array
+whose first item says its kind (docs/guides/rpc.md, "Wire format").
+
+========== ===================================================== =========
+kind       items                                                 sent by
+========== ===================================================== =========
+0 CALL     ``0, id, method, args, kwargs, timeout, stream``      client
+1 RESULT   ``1, id, value``                                      server
+2 ERROR    ``2, id, code, type, message``                        server
+3 CANCEL   ``3, id``                                             client
+4 NOTIFY   ``4, method, args, kwargs``                           client
+5 ITEM     ``5, id, value``                                      server
+6 CREDIT   ``6, id, count``                                      client
+========== ===================================================== =========
+
+``id`` is the client's number for the call (an unsigned 64-bit integer, never
+reused on one connection while the call runs); ``args`` an array, ``kwargs`` a
+map with str keys; ``timeout`` the seconds the call may still take when it is
+sent (a float or int, at least 0), or nil for none; ``stream`` true when the
+client wants the results as a stream. A streaming call's results come as ITEM
+messages, each allowed by a CREDIT (its CALL grants none: the client sends
+CREDIT as it wants items), and it ends with a RESULT (nil) or an ERROR. Every
+CALL gets exactly one RESULT or ERROR, unless the client cancelled it (CANCEL):
+then it may get one or none. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+from typing import Any, Final
+
+__all__ = [
+    "Call",
+    "Cancel",
+    "Credit",
+    "ErrorCode",
+    "ErrorReply",
+    "Item",
+    "Notify",
+    "ProtocolViolation",
+    "Result",
+    "decode",
+]
+
+MAX_ID: Final = 2**64 - 1
+
+
+class Kind(enum.IntEnum):
+    CALL = 0
+    RESULT = 1
+    ERROR = 2
+    CANCEL = 3
+    NOTIFY = 4
+    ITEM = 5
+    CREDIT = 6
+
+
+class ErrorCode(str, enum.Enum):
+    """Why a call failed, as an ERROR message says it."""
+
+    #: the handler raised an exception: ``type`` and ``message`` are its class's
+    #: name and its ``str()``
+    ERROR = "error"
+    #: the server has no method of that name
+    METHOD_NOT_FOUND = "method-not-found"
+    #: the arguments do not match the method's signature
+    INVALID_ARGUMENTS = "invalid-arguments"
+    #: the server is at its limit of concurrent calls and rejects more
+    OVERLOADED = "overloaded"
+    #: the call's timeout passed on the server, which cancelled its handler
+    DEADLINE_EXCEEDED = "deadline-exceeded"
+    #: the server is shutting down and takes no new calls
+    UNAVAILABLE = "unavailable"
+    #: the call itself was malformed (for example a streaming method called
+    #: without streaming)
+    BAD_CALL = "bad-call"
+
+
+class ProtocolViolation(ValueError):
+    """A message that is not a valid RPC message."""
+
+
+@dataclass(frozen=True, slots=True)
+class Call:
+    id: int
+    method: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+    timeout: float | None
+    stream: bool = False
+
+    def encode(self) -> list[Any]:
+        return [
+            Kind.CALL,
+            self.id,
+            self.method,
+            self.args,
+            self.kwargs,
+            self.timeout,
+            self.stream,
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    id: int
+    value: Any
+
+    def encode(self) -> list[Any]:
+        return [Kind.RESULT, self.id, self.value]
+
+
+@dataclass(frozen=True, slots=True)
+class ErrorReply:
+    id: int
+    code: ErrorCode
+    type: str
+    message: str
+
+    def encode(self) -> list[Any]:
+        return [Kind.ERROR, self.id, self.code.value, self.type, self.message]
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    id: int
+
+    def encode(self) -> list[Any]:
+        return [Kind.CANCEL, self.id]
+
+
+@dataclass(frozen=True, slots=True)
+class Notify:
+    method: str
+    args: list[Any]
+    kwargs: dict[str, Any]
+
+    def encode(self) -> list[Any]:
+        return [Kind.NOTIFY, self.method, self.args, self.kwargs]
+
+
+@dataclass(frozen=True, slots=True)
+class Item:
+    id: int
+    value: Any
+
+    def encode(self) -> list[Any]:
+        return [Kind.ITEM, self.id, self.value]
+
+
+@dataclass(frozen=True, slots=True)
+class Credit:
+    id: int
+    count: int
+
+    def encode(self) -> list[Any]:
+        return [Kind.CREDIT, self.id, self.count]
+
+
+Message = Call | Result | ErrorReply | Cancel | Notify | Item | Credit
+
+_LENGTHS: Final[dict[int, int]] = {
+    Kind.CALL: 7,
+    Kind.RESULT: 3,
+    Kind.ERROR: 5,
+    Kind.CANCEL: 2,
+    Kind.NOTIFY: 4,
+    Kind.ITEM: 3,
+    Kind.CREDIT: 3,
+}
+_CODES: Final = {code.value: code for code in ErrorCode}
+
+
+def _id(value: object) -> int:
+    if type(value) is not int or not 0 <= value <= MAX_ID:
+        raise ProtocolViolation(f"a call id must be an integer from 0 to 2**64-1, not {value!r}")
+    return value
+
+
+def _str(value: object, what: str) -> str:
+    if type(value) is not str:
+        raise ProtocolViolation(f"{what} must be a string, not {type(value).__name__}")
+    return value
+
+
+def _arguments(args: object, kwargs: object) -> tuple[list[Any], dict[str, Any]]:
+    if type(args) is not list:
+        raise ProtocolViolation(f"args must be an array, not {type(args).__name__}")
+    if type(kwargs) is not dict or not all(type(key) is str for key in kwargs):
+        raise ProtocolViolation("kwargs must be a map with string keys")
+    return args, kwargs
+
+
+def decode(message: object) -> Message:
+    """The RPC message ``message`` (a received anyio-comm message) stands for.
+
+    Raises:
+        ProtocolViolation: it is not an array of one of the kinds above, with
+            items of the types they must have.
+    """
+    try:
+        return _decode(message)
+    except ProtocolViolation:
+        raise
+    except (TypeError, ValueError) as exc:  # a value of a type nothing expected
+        raise ProtocolViolation(f"malformed RPC message: {exc}") from exc
+
+
+def _decode(message: object) -> Message:
+    if type(message) is not list or not message:
+        raise ProtocolViolation("an RPC message is a non-empty array")
+    kind = message[0]
+    if type(kind) is not int or kind not in _LENGTHS:
+        raise ProtocolViolation(f"unknown RPC message kind {kind!r}")
+    if len(message) != _LENGTHS[kind]:
+        raise ProtocolViolation(
+            f"an RPC message of kind {kind} has {_LENGTHS[kind]} items, not {len(message)}"
+        )
+    if kind == Kind.CALL:
+        _, call_id, method, args, kwargs, timeout, stream = message
+        args, kwargs = _arguments(args, kwargs)
+        if timeout is not None and (
+            type(timeout) not in (int, float) or not timeout >= 0 or math.isinf(timeout)
+        ):
+            raise ProtocolViolation(f"a timeout must be a finite number >= 0, not {timeout!r}")
+        if type(stream) is not bool:
+            raise ProtocolViolation(f"stream must be true or false, not {stream!r}")
+        return Call(_id(call_id), _str(method, "a method name"), args, kwargs, timeout, stream)
+    if kind == Kind.RESULT:
+        return Result(_id(message[1]), message[2])
+    if kind == Kind.ERROR:
+        _, call_id, code, type_name, text = message
+        if type(code) is not str or code not in _CODES:
+            raise ProtocolViolation(f"unknown error code {code!r}")
+        return ErrorReply(
+            _id(call_id), _CODES[code], _str(type_name, "a type"), _str(text, "a message")
+        )
+    if kind == Kind.CANCEL:
+        return Cancel(_id(message[1]))
+    if kind == Kind.NOTIFY:
+        _, method, args, kwargs = message
+        args, kwargs = _arguments(args, kwargs)
+        return Notify(_str(method, "a method name"), args, kwargs)
+    if kind == Kind.ITEM:
+        return Item(_id(message[1]), message[2])
+    count = message[2]
+    if type(count) is not int or not 1 <= count <= MAX_ID:
+        raise ProtocolViolation(f"a credit must be an integer from 1 to 2**64-1, not {count!r}")
+    return Credit(_id(message[1]), count)

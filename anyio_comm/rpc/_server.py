@@ -1,0 +1,612 @@
+"""The serving side: a listener whose connections run calls in tasks of their
+own, within limits, each cancelled when its caller cancels it or its deadline
+passes."""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import inspect
+import logging
+import math
+from collections.abc import Mapping
+from contextlib import aclosing, asynccontextmanager
+from typing import TYPE_CHECKING, Any, Final, Literal
+
+import anyio
+from anyio.lowlevel import checkpoint
+
+from .._compat import final
+from .._listener import listen
+from .._sansio.close import CloseCode, CloseReason
+from .._sansio.errors import LocalProtocolError, SerializationError
+from ._outbox import DEFAULT_LIMIT, Outbox
+from ._protocol import (
+    Call,
+    Cancel,
+    Credit,
+    ErrorCode,
+    ErrorReply,
+    Item,
+    Notify,
+    ProtocolViolation,
+    Result,
+    decode,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Callable
+
+    from anyio.abc import TaskGroup
+
+    from .._comm import Comm
+    from .._listener import Listener
+
+__all__ = ["Server", "serve"]
+
+logger = logging.getLogger("anyio_comm.rpc")
+
+#: characters of a handler's error message sent to the caller
+MAX_ERROR_MESSAGE: Final = 1024
+#: concurrent calls per connection, and in all, by default
+DEFAULT_MAX_CALLS_PER_CONNECTION: Final = 100
+DEFAULT_MAX_CALLS: Final = 10_000
+#: calls of one connection that may wait for a slot, by default
+DEFAULT_MAX_WAITING: Final = 1000
+
+
+def _type_name(exc: BaseException) -> str:
+    """The name a caller sees: ``ValueError``, ``package.module.Error``, and the
+    package's own errors by their public name (``anyio_comm.SerializationError``)."""
+    cls = type(exc)
+    module = cls.__module__
+    if module == "builtins":
+        return cls.__qualname__
+    if module.startswith("anyio_comm."):
+        module = "anyio_comm"
+    return f"{module}.{cls.__qualname__}"
+
+
+def _text(exc: BaseException) -> str:
+    try:
+        text = str(exc)
+    except Exception:  # a __str__ that fails
+        text = f"<{type(exc).__name__} whose message cannot be printed>"
+    if len(text) > MAX_ERROR_MESSAGE:
+        text = text[: MAX_ERROR_MESSAGE - 3] + "..."
+    return text
+
+
+def _methods(handlers: Mapping[str, Callable[..., Any]] | object) -> dict[str, Callable[..., Any]]:
+    if isinstance(handlers, Mapping):
+        methods = dict(handlers)
+    else:
+        methods = {
+            name: getattr(handlers, name)
+            for name in dir(handlers)
+            if not name.startswith("_") and callable(getattr(handlers, name))
+        }
+    for name, method in methods.items():
+        if not isinstance(name, str):
+            raise TypeError(f"method names must be str, not {type(name).__name__}")
+        if not callable(method):
+            raise TypeError(f"the handler of {name!r} is not callable")
+    return methods
+
+
+def _arguments_fit(method: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> bool:
+    try:
+        inspect.signature(method).bind(*args, **kwargs)
+    except TypeError:
+        return False
+    except ValueError:  # no signature to be had: assume they do
+        return True
+    return True
+
+
+class _Slots:
+    """A counting semaphore whose :meth:`try_take` takes a free slot without
+    yielding (AnyIO's CapacityLimiter checkpoints twice per acquisition, which
+    the server cannot afford per call); tasks that wait are served first come,
+    first served."""
+
+    __slots__ = ("_waiters", "free", "total")
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.free = total
+        self._waiters: collections.deque[anyio.Event] = collections.deque()
+
+    def try_take(self) -> bool:
+        if self.free > 0 and not self._waiters:
+            self.free -= 1
+            return True
+        return False
+
+    async def take(self) -> None:
+        if self.try_take():
+            return
+        event = anyio.Event()
+        self._waiters.append(event)
+        try:
+            await event.wait()
+        except BaseException:
+            if event.is_set():
+                self.give()  # a slot was handed over as this was cancelled: pass it on
+            else:
+                self._waiters.remove(event)
+            raise
+
+    def give(self) -> None:
+        if self._waiters:
+            self._waiters.popleft().set()  # the slot goes to the first waiter
+        else:
+            self.free += 1
+
+
+class _Running:
+    """A call's (or a notification's) task, as its connection knows it, and a
+    streaming call's credit: the items the client is ready for."""
+
+    __slots__ = (
+        "cancelled_by_client",
+        "credit",
+        "credited",
+        "deadline",
+        "failure",
+        "holds_slot",
+        "scope",
+    )
+
+    def __init__(self, deadline: float = math.inf) -> None:
+        self.scope: anyio.CancelScope | None = None
+        self.cancelled_by_client = False
+        #: when the call's timeout passes (it runs while the call waits)
+        self.deadline = deadline
+        #: a slot of the server's was taken for it when the call came
+        self.holds_slot = False
+        #: why the call failed while it ran (a stream item the client's limits refused)
+        self.failure: LocalProtocolError | None = None
+        self.credit = 0
+        self.credited: anyio.Event | None = None
+
+    def add_credit(self, count: int) -> None:
+        self.credit += count
+        if self.credited is not None:
+            self.credited.set()
+            self.credited = None
+
+    def cancel(self) -> None:
+        if self.scope is not None:
+            self.scope.cancel()
+
+
+def _withdrawn(running: _Running) -> bool:
+    """Whether the client cancelled the call (a function: a type checker would
+    take the attribute for unchanged since it was last looked at)."""
+    return running.cancelled_by_client
+
+
+class _Connection:
+    """A connection's calls: those that wait in its queue, and the worker tasks
+    (at most ``max_calls_per_connection``, made as needed and kept while the
+    connection lives) that run them one after another, so that a call costs no
+    task of its own."""
+
+    __slots__ = (
+        "comm",
+        "holders",
+        "idle_workers",
+        "outbox",
+        "queue",
+        "running",
+        "tasks",
+        "workers",
+    )
+
+    def __init__(self, comm: Comm, max_queued: int) -> None:
+        self.comm = comm
+        self.outbox = Outbox(comm, max_queued)
+        #: the calls that wait or run, by id
+        self.running: dict[int, _Running] = {}
+        #: the calls and notifications that wait or run
+        self.tasks = 0
+        self.queue: collections.deque[_Work] = collections.deque()
+        self.workers = 0
+        self.idle_workers: list[anyio.Event] = []
+        #: the calls holding a slot of the server's (given back when they end, or,
+        #: for one never started, when the connection ends)
+        self.holders: set[_Running] = set()
+
+
+#: a call, or a notification, with its method and its state
+_Work = tuple[Call | Notify, "Callable[..., Any]", _Running]
+
+
+@final
+class Server:
+    """A running RPC server (see :func:`serve`)."""
+
+    def __init__(
+        self,
+        methods: dict[str, Callable[..., Any]],
+        *,
+        max_calls_per_connection: int,
+        max_calls: int,
+        max_waiting_per_connection: int,
+        overload: Literal["wait", "reject"],
+        max_queued: int,
+    ) -> None:
+        self._methods = methods
+        self._max_per_connection = max_calls_per_connection
+        self._max_waiting = max_waiting_per_connection
+        self._slots = _Slots(max_calls)
+        self._overload = overload
+        self._max_queued = max_queued
+        self._listener: Listener | None = None
+        self._connections: set[_Connection] = set()
+        self._stopping = False
+        self._idle = anyio.Event()  # set while no task runs, once stopping
+
+    @property
+    def listener(self) -> Listener:
+        """The listener the server runs on."""
+        assert self._listener is not None
+        return self._listener
+
+    @property
+    def address(self) -> str:
+        """The address clients connect to (the listener's first)."""
+        return self.listener.address
+
+    @property
+    def calls_running(self) -> int:
+        """The calls and notifications whose handler runs now, on all connections."""
+        return self._slots.total - self._slots.free
+
+    async def shutdown(self, grace_period: float = 0.0) -> None:
+        """Stop: accept no more connections, answer new calls with
+        :exc:`UnavailableError`, let the calls that run finish for at most
+        ``grace_period`` seconds, then close every connection (calls still
+        running are cancelled). Use it rather than ``listener.shutdown()``,
+        which sees every RPC connection as idle between messages and stops its
+        calls at once.
+
+        Raises:
+            ValueError: ``grace_period`` is negative.
+        """
+        if not grace_period >= 0:
+            raise ValueError(f"grace_period must not be negative, not {grace_period!r}")
+        self._stopping = True
+        self.listener.stop_accepting()
+        self._check_idle()
+        with anyio.move_on_after(grace_period):
+            await self._idle.wait()
+            for conn in list(self._connections):
+                await conn.outbox.drain()  # the last replies
+        await self.listener.shutdown(0)
+
+    def _check_idle(self) -> None:
+        if self._stopping and not any(conn.tasks for conn in self._connections):
+            self._idle.set()
+
+    async def handle(self, comm: Comm) -> None:
+        """Serve the calls of one connection until it ends (the listener's handler).
+
+        The connection is read all the time, so that cancels and credits are
+        seen whatever runs, except while its replies wait to be sent: a client
+        that does not read what it asked for is not read either.
+        """
+        conn = _Connection(comm, self._max_queued)
+        self._connections.add(conn)
+        try:
+            async with anyio.create_task_group() as task_group:
+                task_group.start_soon(conn.outbox.run)
+                try:
+                    await self._read(conn, task_group)
+                finally:
+                    conn.outbox.close()
+                    task_group.cancel_scope.cancel()  # the caller went away
+        finally:
+            for running in list(conn.holders):
+                self._release(conn, running)
+            conn.queue.clear()
+            self._connections.discard(conn)
+            self._check_idle()
+
+    async def _read(self, conn: _Connection, task_group: TaskGroup) -> None:
+        comm = conn.comm
+        outbox = conn.outbox
+        while True:
+            try:
+                await outbox.wait_for_room()
+                message = await comm.receive()
+            except Exception:
+                return  # the connection ended
+            try:
+                request = decode(message)
+                if type(request) is Call:
+                    self._start(conn, task_group, request)
+                elif type(request) is Cancel:
+                    running = conn.running.get(request.id)
+                    if running is not None:
+                        running.cancelled_by_client = True
+                        running.cancel()
+                elif type(request) is Credit:
+                    running = conn.running.get(request.id)
+                    if running is not None:
+                        running.add_credit(request.count)
+                elif type(request) is Notify:
+                    self._start_notify(conn, task_group, request)
+                else:
+                    raise ProtocolViolation(f"a client sent a {type(request).__name__} message")
+            except ProtocolViolation as exc:
+                await comm.aclose(CloseReason(CloseCode.PROTOCOL_ERROR, "rpc", _text(exc)))
+                return
+
+    def _start(self, conn: _Connection, task_group: TaskGroup, call: Call) -> None:
+        method = self._methods.get(call.method)
+        if method is None:
+            self._refuse(conn, call, ErrorCode.METHOD_NOT_FOUND, f"no method {call.method!r}")
+            return
+        if call.id in conn.running:
+            self._refuse(conn, call, ErrorCode.BAD_CALL, f"call id {call.id} is in use")
+            return
+        if call.stream != inspect.isasyncgenfunction(method):
+            text = (
+                f"{call.method}() does not stream its results: use call(), not stream()"
+                if call.stream
+                else f"{call.method}() streams its results: use stream(), not call()"
+            )
+            self._refuse(conn, call, ErrorCode.BAD_CALL, text)
+            return
+        if self._stopping:
+            self._refuse(conn, call, ErrorCode.UNAVAILABLE, "the server is shutting down")
+            return
+        deadline = math.inf if call.timeout is None else anyio.current_time() + call.timeout
+        running = _Running(deadline)
+        if not self._admit(conn, running):
+            self._refuse(conn, call, ErrorCode.OVERLOADED, "the server is at its call limit")
+            return
+        conn.running[call.id] = running
+        self._enqueue(conn, task_group, (call, method, running))
+
+    def _start_notify(self, conn: _Connection, task_group: TaskGroup, notify: Notify) -> None:
+        method = self._methods.get(notify.method)
+        running = _Running()
+        if method is None:
+            logger.warning("notification of %r: no such method", notify.method)
+        elif inspect.isasyncgenfunction(method):
+            logger.warning("notification of %r: it streams its results", notify.method)
+        elif self._stopping:
+            logger.warning("notification of %r: the server is shutting down", notify.method)
+        elif not self._admit(conn, running):
+            logger.warning("notification of %r dropped: the server is at its limit", notify.method)
+        else:
+            self._enqueue(conn, task_group, (notify, method, running))
+
+    def _admit(self, conn: _Connection, running: _Running) -> bool:
+        """Whether a call may be queued. With ``overload="reject"``, only if it can
+        run now: fewer than ``max_calls_per_connection`` calls of the connection
+        run, and a slot of the server's is free (taken for it now). Otherwise,
+        only if fewer than ``max_waiting_per_connection`` calls wait on the
+        connection."""
+        if self._overload == "reject":
+            if conn.tasks >= self._max_per_connection or not self._slots.try_take():
+                return False
+            running.holds_slot = True
+            conn.holders.add(running)
+            return True
+        return conn.tasks < self._max_per_connection + self._max_waiting
+
+    def _enqueue(self, conn: _Connection, task_group: TaskGroup, work: _Work) -> None:
+        conn.queue.append(work)
+        conn.tasks += 1
+        if conn.idle_workers:
+            conn.idle_workers.pop().set()
+        elif conn.workers < self._max_per_connection:
+            conn.workers += 1
+            task_group.start_soon(self._worker, conn)
+
+    @staticmethod
+    def _refuse(conn: _Connection, call: Call, code: ErrorCode, text: str) -> None:
+        conn.outbox.put_now(ErrorReply(call.id, code, code.name, text).encode())
+
+    async def _worker(self, conn: _Connection) -> None:
+        """Run the connection's calls, first come, first served, until it ends."""
+        queue = conn.queue
+        try:
+            while True:
+                if not queue:
+                    wakeup = anyio.Event()
+                    conn.idle_workers.append(wakeup)
+                    await wakeup.wait()
+                    continue
+                request, method, running = queue.popleft()
+                try:
+                    if isinstance(request, Call):
+                        await self._run_call(conn, request, method, running)
+                    else:
+                        await self._run_notify(conn, request, method, running)
+                finally:
+                    self._release(conn, running)
+                    conn.tasks -= 1
+                    self._check_idle()
+        finally:
+            conn.workers -= 1
+
+    async def _take_slot(self, conn: _Connection, running: _Running) -> None:
+        if not running.holds_slot:
+            await self._slots.take()
+            running.holds_slot = True
+            conn.holders.add(running)
+
+    def _release(self, conn: _Connection, running: _Running) -> None:
+        if running.holds_slot:
+            running.holds_slot = False
+            conn.holders.discard(running)
+            self._slots.give()
+
+    async def _run_call(
+        self, conn: _Connection, call: Call, method: Callable[..., Any], running: _Running
+    ) -> None:
+        reply: Result | ErrorReply | None = None
+        try:
+            if _withdrawn(running):
+                return  # cancelled while it waited in the queue
+            with anyio.CancelScope(deadline=running.deadline) as scope:
+                running.scope = scope
+                if running.deadline != math.inf and anyio.current_time() >= running.deadline:
+                    await checkpoint()  # its deadline passed in the queue: cancelled here
+                await self._take_slot(conn, running)
+                if call.stream:
+                    reply = await self._invoke_stream(conn, call, method, running)
+                else:
+                    reply = await self._invoke(call, method)
+            running.scope = None
+            self._release(conn, running)
+            if running.failure is not None:
+                failure = running.failure
+                reply = ErrorReply(call.id, ErrorCode.ERROR, _type_name(failure), _text(failure))
+            elif reply is None:  # cancelled here
+                if running.cancelled_by_client:
+                    return  # the caller is not waiting
+                reply = ErrorReply(
+                    call.id,
+                    ErrorCode.DEADLINE_EXCEEDED,
+                    "DeadlineExceeded",
+                    f"{call.method}() did not finish within {call.timeout} seconds",
+                )
+            await self._reply(conn, call, reply)
+        finally:
+            del conn.running[call.id]
+
+    async def _invoke(self, call: Call, method: Callable[..., Any]) -> Result | ErrorReply:
+        try:
+            try:
+                result = method(*call.args, **call.kwargs)
+            except TypeError as exc:
+                if not _arguments_fit(method, call.args, call.kwargs):
+                    return ErrorReply(
+                        call.id, ErrorCode.INVALID_ARGUMENTS, "TypeError", _text(exc)
+                    )
+                raise
+            if inspect.isawaitable(result):
+                result = await result
+        except Exception as exc:
+            return ErrorReply(call.id, ErrorCode.ERROR, _type_name(exc), _text(exc))
+        return Result(call.id, result)
+
+    async def _invoke_stream(
+        self, conn: _Connection, call: Call, method: Callable[..., Any], running: _Running
+    ) -> Result | ErrorReply:
+        def refused(exc: LocalProtocolError) -> None:
+            running.failure = exc  # the reply says so, once the generator is closed
+            running.cancel()
+
+        try:
+            try:
+                items = method(*call.args, **call.kwargs)
+            except TypeError as exc:
+                if not _arguments_fit(method, call.args, call.kwargs):
+                    return ErrorReply(
+                        call.id, ErrorCode.INVALID_ARGUMENTS, "TypeError", _text(exc)
+                    )
+                raise
+            async with aclosing(items):
+                async for item in items:
+                    while running.credit < 1:
+                        running.credited = anyio.Event()
+                        await running.credited.wait()
+                    running.credit -= 1
+                    await conn.outbox.put(Item(call.id, item).encode(), refused)
+        except Exception as exc:
+            return ErrorReply(call.id, ErrorCode.ERROR, _type_name(exc), _text(exc))
+        return Result(call.id, None)
+
+    @staticmethod
+    async def _reply(conn: _Connection, call: Call, reply: Result | ErrorReply) -> None:
+        def refused(exc: LocalProtocolError) -> None:
+            conn.outbox.put_now(
+                ErrorReply(call.id, ErrorCode.ERROR, _type_name(exc), _text(exc)).encode()
+            )
+
+        try:
+            await conn.outbox.put(reply.encode(), refused)
+        except (SerializationError, LocalProtocolError) as exc:
+            error = ErrorReply(call.id, ErrorCode.ERROR, _type_name(exc), _text(exc))
+            with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
+                await conn.outbox.put(error.encode())
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError):
+            pass  # the connection ended: nobody to tell
+
+    async def _run_notify(
+        self, conn: _Connection, notify: Notify, method: Callable[..., Any], running: _Running
+    ) -> None:
+        await self._take_slot(conn, running)
+        try:
+            result = method(*notify.args, **notify.kwargs)
+            if inspect.isawaitable(result):
+                await result
+        except Exception:
+            logger.exception("notification of %r failed", notify.method)
+
+
+@asynccontextmanager
+async def serve(
+    address: str,
+    handlers: Mapping[str, Callable[..., Any]] | object,
+    *,
+    max_calls_per_connection: int = DEFAULT_MAX_CALLS_PER_CONNECTION,
+    max_calls: int = DEFAULT_MAX_CALLS,
+    max_waiting_per_connection: int = DEFAULT_MAX_WAITING,
+    overload: Literal["wait", "reject"] = "wait",
+    max_queued: int = DEFAULT_LIMIT,
+    **listen_arguments: Any,
+) -> AsyncIterator[Server]:
+    """Serve the methods of ``handlers`` at ``address`` until the block ends.
+
+    Args:
+        address: where to listen, as for :func:`anyio_comm.listen`.
+        handlers: a mapping of method names to functions (coroutine functions,
+            or plain functions, which run in the event loop), or an object
+            whose public methods are served.
+        max_calls_per_connection: calls (and notifications) of one connection
+            that run at once.
+        max_calls: calls that run at once, on all connections.
+        max_waiting_per_connection: with ``overload="wait"``, calls of one
+            connection that may wait for a slot; more fail at once with
+            :exc:`OverloadedError` (notifications beyond it are dropped, with a
+            warning in the log).
+        overload: what happens to a call beyond a limit: ``"wait"`` (it waits
+            for a slot, its deadline running) or ``"reject"`` (it fails at once
+            with :exc:`OverloadedError`).
+        max_queued: replies queued for sending per connection; while that many
+            wait (the client does not read them), the connection is not read
+            either (backpressure).
+        listen_arguments: passed to :func:`anyio_comm.listen` (``options``,
+            ``ssl_context``, ``max_connections``, ``receive_budget``, options).
+
+    Raises:
+        TypeError: ``handlers`` has a method that is not callable, or a name
+            that is not a str.
+        ValueError: a limit is below 1, or ``overload`` is neither value.
+    """
+    if min(max_calls_per_connection, max_calls, max_queued) < 1 or max_waiting_per_connection < 0:
+        raise ValueError(
+            "max_calls_per_connection, max_calls and max_queued must be at least 1, "
+            "max_waiting_per_connection at least 0"
+        )
+    if overload not in ("wait", "reject"):
+        raise ValueError(f"overload must be 'wait' or 'reject', not {overload!r}")
+    server = Server(
+        _methods(handlers),
+        max_calls_per_connection=max_calls_per_connection,
+        max_calls=max_calls,
+        max_waiting_per_connection=max_waiting_per_connection,
+        overload=overload,
+        max_queued=max_queued,
+    )
+    async with listen(address, server.handle, **listen_arguments) as listener:
+        server._listener = listener
+        yield server
