@@ -3,6 +3,7 @@ backend and transport (TLS included)."""
 
 from __future__ import annotations
 
+import contextvars
 import math
 import random
 from contextlib import asynccontextmanager
@@ -556,7 +557,7 @@ async def test_notifications_are_bounded_per_connection(caplog: pytest.LogCaptur
         ):
             for i in range(50):
                 await client.notify("slow", f"n{i}", 0.2)
-            while "dropped: the server is at its limit" not in caplog.text:
+            while "on this connection): the server is at its limit" not in caplog.text:
                 await anyio.sleep(0.01)
             (conn,) = server._connections
             assert conn.tasks <= 5 and methods.most_running <= 2
@@ -657,6 +658,116 @@ async def test_shutdown_cancels_what_outlives_its_grace_period() -> None:
             assert methods.cancelled == ["long"]
     with pytest.raises(ValueError, match="negative"):
         await server.shutdown(-1)
+
+
+USER: contextvars.ContextVar[str | None] = contextvars.ContextVar("USER", default=None)
+
+
+async def test_each_call_has_a_context_of_its_own() -> None:
+    """A context variable a handler sets is not seen by later calls (they may run
+    on the same worker task), for coroutines, plain functions and streams."""
+
+    async def login(name: str) -> str | None:
+        USER.set(name)
+        await checkpoint()
+        return USER.get()
+
+    def login_sync(name: str) -> str | None:
+        USER.set(name)
+        return USER.get()
+
+    async def logins(name: str) -> AsyncIterator[str | None]:
+        USER.set(name)
+        yield USER.get()
+        yield USER.get()
+
+    async def whoami() -> str | None:
+        return USER.get()
+
+    handlers = {"login": login, "login_sync": login_sync, "logins": logins, "whoami": whoami}
+    with anyio.fail_after(10):
+        async with (
+            rpc.serve("tcp://127.0.0.1:0", handlers, max_calls_per_connection=1) as server,
+            rpc.connect(server.address) as client,
+        ):
+            assert await client.call("login", "alice") == "alice"
+            assert await client.call("whoami") is None
+            assert await client.call("login_sync", "bob") == "bob"
+            assert await client.call("whoami") is None
+            async with client.stream("logins", "carol") as items:
+                assert [item async for item in items] == ["carol", "carol"]
+            assert await client.call("whoami") is None
+
+
+async def test_calls_cancelled_while_queued_make_room() -> None:
+    """Calls that time out while they wait leave the queue at once: the waiting
+    limit counts live calls only."""
+    with anyio.fail_after(10):
+        async with server_and_client(max_calls_per_connection=1, max_waiting_per_connection=3) as (
+            _server,
+            client,
+            methods,
+        ):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.call, "slow", "busy", 0.5)
+                await methods.started.setdefault("busy", anyio.Event()).wait()
+                for _ in range(6):
+                    with anyio.move_on_after(0.02):
+                        await client.call("add", 1, 1)
+                assert await client.call("add", 2, 2) == 4  # waited, not rejected
+
+
+async def test_queued_calls_do_not_run_after_the_client_left() -> None:
+    ran: list[int] = []
+    gate = anyio.Event()
+
+    async def block() -> bytes:
+        await gate.wait()
+        return b"x" * 20_000_000  # more than the socket takes: the reply waits
+
+    def record(i: int) -> int:
+        ran.append(i)
+        return i
+
+    with anyio.fail_after(20):
+        async with rpc.serve(
+            "tcp://127.0.0.1:0",
+            {"block": block, "record": record},
+            max_calls_per_connection=1,
+            max_queued=1,
+        ) as server:
+            comm = await anyio_comm.connect(server.address)
+            await comm.send(Call(0, "block", [], {}, None).encode())
+            for i in range(1, 21):
+                await comm.send(Call(i, "record", [i], {}, None).encode())
+            await anyio.sleep(0.2)
+            gate.set()
+            await anyio.sleep(0.3)
+            before = len(ran)
+            comm.abort()
+            await anyio.sleep(0.5)
+            assert len(ran) == before < 20
+
+
+async def test_a_stream_read_after_its_block_raises() -> None:
+    with anyio.fail_after(10):
+        async with server_and_client() as (_server, client, _methods):
+            async with client.stream("count", 100) as items:
+                assert await items.__anext__() == 0
+            with pytest.raises(anyio.ClosedResourceError):
+                await items.__anext__()
+
+
+async def test_long_method_names_are_cut_in_replies() -> None:
+    with anyio.fail_after(10):
+        async with (
+            rpc.serve("tcp://127.0.0.1:0", Methods()) as server,
+            rpc.connect(server.address, limits=anyio_comm.Limits(max_message_size=1000)) as client,
+        ):
+            with pytest.raises(rpc.MethodNotFoundError) as info:
+                await client.call("m" * 2000)
+            assert len(info.value.remote_message) < 200
+            assert await client.call("add", 1, 2) == 3
 
 
 # -- the pool ---------------------------------------------------------------------

@@ -77,7 +77,16 @@ class Stream:
     """The results of a streaming call, as an async iterator (see
     :meth:`Client.stream`); one task at a time reads it."""
 
-    __slots__ = ("_call_id", "_client", "_method", "_pending", "_reading", "_taken", "_window")
+    __slots__ = (
+        "_call_id",
+        "_client",
+        "_ended",
+        "_method",
+        "_pending",
+        "_reading",
+        "_taken",
+        "_window",
+    )
 
     def __init__(
         self, client: Client, method: str, call_id: int, pending: _StreamPending, window: int
@@ -89,6 +98,8 @@ class Stream:
         self._window = window
         self._taken = 0
         self._reading = False
+        #: the ``stream()`` block was left
+        self._ended = False
 
     def __aiter__(self) -> Stream:
         return self
@@ -99,9 +110,12 @@ class Stream:
         Raises:
             StopAsyncIteration: the stream ended.
             anyio.BusyResourceError: another task is waiting for an item of it.
+            anyio.ClosedResourceError: the ``stream()`` block was left.
             the errors of :meth:`Client.call`.
         """
         pending = self._pending
+        if self._ended:
+            raise anyio.ClosedResourceError
         if self._reading:
             raise anyio.BusyResourceError("reading from")
         self._reading = True
@@ -241,11 +255,15 @@ class Client:
             raise self._unavailable(method, self._ended or exc) from exc
         self._calls[call_id] = pending
         self._outbox.put_now(Credit(call_id, self._window).encode())
+        stream = Stream(self, method, call_id, pending, self._window)
         try:
-            yield Stream(self, method, call_id, pending, self._window)
+            yield stream
         finally:
+            stream._ended = True
             if self._calls.pop(call_id, None) is not None and not Outbox.withdraw(entry):
                 self._outbox.put_now(Cancel(call_id).encode())
+            if pending.outcome is None:  # a task waiting for an item wakes up
+                pending.finish(anyio.ClosedResourceError())
 
     def _raise_outcome(
         self, method: str, outcome: Result | ErrorReply | BaseException

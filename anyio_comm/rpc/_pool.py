@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import math
 from contextlib import asynccontextmanager
@@ -183,7 +184,9 @@ class Pool:
                 raise anyio.ClosedResourceError
             count, error = self._failures.get(address, (0, None))
             if count != failures and error is not None:
-                raise error  # the connection this task waited for could not be made
+                # the connection this task waited for could not be made: the same
+                # error (a copy, so that each task's traceback is its own)
+                raise copy.copy(error) from error
             live = [c for c in self._connections.get(address, ()) if c.client.usable]
             best = min(live, key=lambda c: c.users, default=None)
             if best is not None and best.users < self._max_users:

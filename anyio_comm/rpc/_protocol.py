@@ -204,7 +204,7 @@ def decode(message: object) -> Message:
         return _decode(message)
     except ProtocolViolation:
         raise
-    except (TypeError, ValueError) as exc:  # a value of a type nothing expected
+    except (TypeError, ValueError, OverflowError) as exc:  # a value nothing expected
         raise ProtocolViolation(f"malformed RPC message: {exc}") from exc
 
 

@@ -1,16 +1,17 @@
-"""The serving side: a listener whose connections run calls in tasks of their
-own, within limits, each cancelled when its caller cancels it or its deadline
-passes."""
+"""The serving side: a listener whose connections run their calls on worker
+tasks of their own, within limits, each call in a context of its own and
+cancelled when its caller cancels it or its deadline passes."""
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import contextvars
 import inspect
 import logging
 import math
 from collections.abc import Mapping
-from contextlib import aclosing, asynccontextmanager
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final, Literal
 
 import anyio
@@ -20,6 +21,7 @@ from .._compat import final
 from .._listener import listen
 from .._sansio.close import CloseCode, CloseReason
 from .._sansio.errors import LocalProtocolError, SerializationError
+from ._context import InContext
 from ._outbox import DEFAULT_LIMIT, Outbox
 from ._protocol import (
     Call,
@@ -48,6 +50,8 @@ logger = logging.getLogger("anyio_comm.rpc")
 
 #: characters of a handler's error message sent to the caller
 MAX_ERROR_MESSAGE: Final = 1024
+#: calls a worker runs one after another before it lets the event loop run
+YIELD_EVERY: Final = 16
 #: concurrent calls per connection, and in all, by default
 DEFAULT_MAX_CALLS_PER_CONNECTION: Final = 100
 DEFAULT_MAX_CALLS: Final = 10_000
@@ -92,6 +96,27 @@ def _methods(handlers: Mapping[str, Callable[..., Any]] | object) -> dict[str, C
         if not callable(method):
             raise TypeError(f"the handler of {name!r} is not callable")
     return methods
+
+
+def _name(method: str) -> str:
+    """A method's name for a message or a log line: at most 100 characters."""
+    return repr(method if len(method) <= 100 else method[:97] + "...")
+
+
+def _apply(call: Call, method: Callable[..., Any]) -> tuple[Any, ErrorReply | None]:
+    """``method`` called with the call's arguments (a value, a coroutine or an
+    async generator), or the reply to a call whose arguments do not fit it (a
+    TypeError raised inside the method is the method's own).
+
+    Raises:
+        Exception: what the method raised when it was called.
+    """
+    try:
+        return method(*call.args, **call.kwargs), None
+    except TypeError as exc:
+        if _arguments_fit(method, call.args, call.kwargs):
+            raise
+        return None, ErrorReply(call.id, ErrorCode.INVALID_ARGUMENTS, "TypeError", _text(exc))
 
 
 def _arguments_fit(method: Callable[..., Any], args: list[Any], kwargs: dict[str, Any]) -> bool:
@@ -156,6 +181,8 @@ class _Running:
         "failure",
         "holds_slot",
         "scope",
+        "started",
+        "withdrawn",
     )
 
     def __init__(self, deadline: float = math.inf) -> None:
@@ -165,6 +192,10 @@ class _Running:
         self.deadline = deadline
         #: a slot of the server's was taken for it when the call came
         self.holds_slot = False
+        #: a worker took it from the queue
+        self.started = False
+        #: taken out of the queue before it started (cancelled, or its deadline passed)
+        self.withdrawn = False
         #: why the call failed while it ran (a stream item the client's limits refused)
         self.failure: LocalProtocolError | None = None
         self.credit = 0
@@ -195,6 +226,8 @@ class _Connection:
 
     __slots__ = (
         "comm",
+        "dropped",
+        "ended",
         "holders",
         "idle_workers",
         "outbox",
@@ -217,6 +250,10 @@ class _Connection:
         #: the calls holding a slot of the server's (given back when they end, or,
         #: for one never started, when the connection ends)
         self.holders: set[_Running] = set()
+        #: the connection ended: queued calls are not run
+        self.ended = False
+        #: notifications dropped (logged when this reaches a power of two)
+        self.dropped = 0
 
 
 #: a call, or a notification, with its method and its state
@@ -305,6 +342,7 @@ class Server:
                 try:
                     await self._read(conn, task_group)
                 finally:
+                    conn.ended = True
                     conn.outbox.close()
                     task_group.cancel_scope.cancel()  # the caller went away
         finally:
@@ -331,7 +369,10 @@ class Server:
                     running = conn.running.get(request.id)
                     if running is not None:
                         running.cancelled_by_client = True
-                        running.cancel()
+                        if running.started:
+                            running.cancel()
+                        else:
+                            self._withdraw(conn, request.id, running)
                 elif type(request) is Credit:
                     running = conn.running.get(request.id)
                     if running is not None:
@@ -343,20 +384,23 @@ class Server:
             except ProtocolViolation as exc:
                 await comm.aclose(CloseReason(CloseCode.PROTOCOL_ERROR, "rpc", _text(exc)))
                 return
+            except (LocalProtocolError, SerializationError):  # a refusal that cannot go
+                logger.warning("rpc: a refusal could not be sent", exc_info=True)
 
     def _start(self, conn: _Connection, task_group: TaskGroup, call: Call) -> None:
         method = self._methods.get(call.method)
         if method is None:
-            self._refuse(conn, call, ErrorCode.METHOD_NOT_FOUND, f"no method {call.method!r}")
+            self._refuse(conn, call, ErrorCode.METHOD_NOT_FOUND, f"no method {_name(call.method)}")
             return
         if call.id in conn.running:
             self._refuse(conn, call, ErrorCode.BAD_CALL, f"call id {call.id} is in use")
             return
         if call.stream != inspect.isasyncgenfunction(method):
+            name = _name(call.method)
             text = (
-                f"{call.method}() does not stream its results: use call(), not stream()"
+                f"{name} does not stream its results: use call(), not stream()"
                 if call.stream
-                else f"{call.method}() streams its results: use stream(), not call()"
+                else f"{name} streams its results: use stream(), not call()"
             )
             self._refuse(conn, call, ErrorCode.BAD_CALL, text)
             return
@@ -375,15 +419,24 @@ class Server:
         method = self._methods.get(notify.method)
         running = _Running()
         if method is None:
-            logger.warning("notification of %r: no such method", notify.method)
+            why = "no such method"
         elif inspect.isasyncgenfunction(method):
-            logger.warning("notification of %r: it streams its results", notify.method)
+            why = "it streams its results"
         elif self._stopping:
-            logger.warning("notification of %r: the server is shutting down", notify.method)
+            why = "the server is shutting down"
         elif not self._admit(conn, running):
-            logger.warning("notification of %r dropped: the server is at its limit", notify.method)
+            why = "the server is at its limit"
         else:
             self._enqueue(conn, task_group, (notify, method, running))
+            return
+        conn.dropped += 1
+        if conn.dropped & (conn.dropped - 1) == 0:  # 1, 2, 4, 8, ...: the log stays small
+            logger.warning(
+                "notification of %s dropped (%d on this connection): %s",
+                _name(notify.method),
+                conn.dropped,
+                why,
+            )
 
     def _admit(self, conn: _Connection, running: _Running) -> bool:
         """Whether a call may be queued. With ``overload="reject"``, only if it can
@@ -397,7 +450,30 @@ class Server:
             running.holds_slot = True
             conn.holders.add(running)
             return True
+        if conn.tasks >= self._max_per_connection + self._max_waiting:
+            self._sweep(conn)  # calls whose deadline passed while they waited
         return conn.tasks < self._max_per_connection + self._max_waiting
+
+    def _sweep(self, conn: _Connection) -> None:
+        """Answer and take out the queued calls whose deadline has passed."""
+        now = anyio.current_time()
+        for request, _method, running in conn.queue:
+            if type(request) is Call and not running.withdrawn and running.deadline <= now:
+                self._withdraw(conn, request.id, running)
+                self._refuse(
+                    conn,
+                    request,
+                    ErrorCode.DEADLINE_EXCEEDED,
+                    f"{_name(request.method)} waited past its deadline",
+                )
+
+    def _withdraw(self, conn: _Connection, call_id: int, running: _Running) -> None:
+        """Take a call out of the queue before it started (a worker skips it)."""
+        running.withdrawn = True
+        del conn.running[call_id]
+        self._release(conn, running)
+        conn.tasks -= 1
+        self._check_idle()
 
     def _enqueue(self, conn: _Connection, task_group: TaskGroup, work: _Work) -> None:
         conn.queue.append(work)
@@ -410,28 +486,42 @@ class Server:
 
     @staticmethod
     def _refuse(conn: _Connection, call: Call, code: ErrorCode, text: str) -> None:
+        """Answer ``call`` with an error now (the connection is not read while its
+        outbox is full, so these stay bounded)."""
         conn.outbox.put_now(ErrorReply(call.id, code, code.name, text).encode())
 
     async def _worker(self, conn: _Connection) -> None:
-        """Run the connection's calls, first come, first served, until it ends."""
+        """Run the connection's calls, first come, first served, until it ends;
+        each in a copy of the context this worker started with."""
         queue = conn.queue
+        base = contextvars.copy_context()
+        since_yield = 0
         try:
-            while True:
+            while not conn.ended:
                 if not queue:
                     wakeup = anyio.Event()
                     conn.idle_workers.append(wakeup)
                     await wakeup.wait()
+                    since_yield = 0
                     continue
                 request, method, running = queue.popleft()
+                if running.withdrawn:
+                    continue
+                running.started = True
                 try:
                     if isinstance(request, Call):
-                        await self._run_call(conn, request, method, running)
+                        await self._run_call(conn, request, method, running, base.copy())
                     else:
-                        await self._run_notify(conn, request, method, running)
+                        await self._run_notify(conn, request, method, running, base.copy())
                 finally:
                     self._release(conn, running)
                     conn.tasks -= 1
                     self._check_idle()
+                since_yield += 1
+                if since_yield >= YIELD_EVERY:
+                    # plain functions never yield: let the rest of the loop run
+                    since_yield = 0
+                    await checkpoint()
         finally:
             conn.workers -= 1
 
@@ -448,7 +538,12 @@ class Server:
             self._slots.give()
 
     async def _run_call(
-        self, conn: _Connection, call: Call, method: Callable[..., Any], running: _Running
+        self,
+        conn: _Connection,
+        call: Call,
+        method: Callable[..., Any],
+        running: _Running,
+        context: contextvars.Context,
     ) -> None:
         reply: Result | ErrorReply | None = None
         try:
@@ -460,9 +555,9 @@ class Server:
                     await checkpoint()  # its deadline passed in the queue: cancelled here
                 await self._take_slot(conn, running)
                 if call.stream:
-                    reply = await self._invoke_stream(conn, call, method, running)
+                    reply = await self._invoke_stream(conn, call, method, running, context)
                 else:
-                    reply = await self._invoke(call, method)
+                    reply = await self._invoke(call, method, context)
             running.scope = None
             self._release(conn, running)
             if running.failure is not None:
@@ -481,45 +576,50 @@ class Server:
         finally:
             del conn.running[call.id]
 
-    async def _invoke(self, call: Call, method: Callable[..., Any]) -> Result | ErrorReply:
+    async def _invoke(
+        self, call: Call, method: Callable[..., Any], context: contextvars.Context
+    ) -> Result | ErrorReply:
         try:
-            try:
-                result = method(*call.args, **call.kwargs)
-            except TypeError as exc:
-                if not _arguments_fit(method, call.args, call.kwargs):
-                    return ErrorReply(
-                        call.id, ErrorCode.INVALID_ARGUMENTS, "TypeError", _text(exc)
-                    )
-                raise
-            if inspect.isawaitable(result):
+            result, refusal = context.run(_apply, call, method)
+            if refusal is not None:
+                return refusal
+            if inspect.iscoroutine(result):
+                result = await InContext(result, context)
+            elif inspect.isawaitable(result):
                 result = await result
         except Exception as exc:
             return ErrorReply(call.id, ErrorCode.ERROR, _type_name(exc), _text(exc))
         return Result(call.id, result)
 
     async def _invoke_stream(
-        self, conn: _Connection, call: Call, method: Callable[..., Any], running: _Running
+        self,
+        conn: _Connection,
+        call: Call,
+        method: Callable[..., Any],
+        running: _Running,
+        context: contextvars.Context,
     ) -> Result | ErrorReply:
         def refused(exc: LocalProtocolError) -> None:
             running.failure = exc  # the reply says so, once the generator is closed
             running.cancel()
 
         try:
+            items, refusal = context.run(_apply, call, method)
+            if refusal is not None:
+                return refusal
             try:
-                items = method(*call.args, **call.kwargs)
-            except TypeError as exc:
-                if not _arguments_fit(method, call.args, call.kwargs):
-                    return ErrorReply(
-                        call.id, ErrorCode.INVALID_ARGUMENTS, "TypeError", _text(exc)
-                    )
-                raise
-            async with aclosing(items):
-                async for item in items:
+                while True:
+                    try:
+                        item = await InContext(items.__anext__(), context)
+                    except StopAsyncIteration:
+                        break
                     while running.credit < 1:
                         running.credited = anyio.Event()
                         await running.credited.wait()
                     running.credit -= 1
                     await conn.outbox.put(Item(call.id, item).encode(), refused)
+            finally:
+                await InContext(items.aclose(), context)
         except Exception as exc:
             return ErrorReply(call.id, ErrorCode.ERROR, _type_name(exc), _text(exc))
         return Result(call.id, None)
@@ -541,15 +641,22 @@ class Server:
             pass  # the connection ended: nobody to tell
 
     async def _run_notify(
-        self, conn: _Connection, notify: Notify, method: Callable[..., Any], running: _Running
+        self,
+        conn: _Connection,
+        notify: Notify,
+        method: Callable[..., Any],
+        running: _Running,
+        context: contextvars.Context,
     ) -> None:
         await self._take_slot(conn, running)
         try:
-            result = method(*notify.args, **notify.kwargs)
-            if inspect.isawaitable(result):
+            result = context.run(method, *notify.args, **notify.kwargs)
+            if inspect.iscoroutine(result):
+                await InContext(result, context)
+            elif inspect.isawaitable(result):
                 await result
         except Exception:
-            logger.exception("notification of %r failed", notify.method)
+            logger.exception("notification of %s failed", _name(notify.method))
 
 
 @asynccontextmanager
