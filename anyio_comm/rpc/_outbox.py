@@ -71,6 +71,11 @@ class Outbox:
         self.error: BaseException | None = None
         self._closed = False
 
+    @property
+    def open(self) -> bool:
+        """False once the outbox was closed or its connection failed."""
+        return self.error is None and not self._closed
+
     def encode(self, message: Any) -> list[memoryview]:
         """The frames of ``message``, checked against the peer's limits.
 

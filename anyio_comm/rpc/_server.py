@@ -496,8 +496,9 @@ class Server:
         queue = conn.queue
         base = contextvars.copy_context()
         since_yield = 0
+        outbox = conn.outbox
         try:
-            while not conn.ended:
+            while outbox.open and not conn.ended:  # (the writer may see the end first)
                 if not queue:
                     wakeup = anyio.Event()
                     conn.idle_workers.append(wakeup)
