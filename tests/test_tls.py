@@ -22,13 +22,13 @@ from anyio.streams.tls import TLSAttribute, TLSStream
 
 import anyio_comm
 from anyio_comm import Comm, Limits, RemoteProtocolError
-from anyio_comm._sansio.wire import encode_preamble
+from anyio_comm._sansio.wire import encode_header, encode_preamble
 from anyio_comm._transports.tls import CHUNK, FIRST_CIPHER_BUFFER
 
 from .certs import client_context, expired_server_cert, server_cert, server_context
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Callable
 
     from _pytest.logging import LogCaptureFixture
 
@@ -381,9 +381,33 @@ async def test_silent_client_is_dropped_after_handshake_timeout(
 
 
 # --- ragged EOF: TCP closed without close_notify is a broken connection, not a clean end ----
+#
+# Python before 3.10.11 and 3.11.3 (Debian 12's 3.11.2 among them) sets
+# OP_IGNORE_UNEXPECTED_EOF on every context it makes, and OpenSSL then reports a ragged
+# EOF as close_notify. Setting the option on purpose gives the same contexts on any
+# Python, so every test here runs with the option as the Python set it and with it set.
 
 
-async def test_ragged_eof_from_client_breaks_server_receive(tls_version: ssl.TLSVersion) -> None:
+@pytest.fixture(params=[False, True], ids=["eof-option-default", "ignore-unexpected-eof"])
+def eof_option(request: pytest.FixtureRequest) -> Callable[[ssl.SSLContext], ssl.SSLContext]:
+    """Give a context ``OP_IGNORE_UNEXPECTED_EOF`` (or leave it as the Python made it)."""
+
+    def apply(context: ssl.SSLContext) -> ssl.SSLContext:
+        if request.param:
+            context.options |= ssl.OP_IGNORE_UNEXPECTED_EOF
+        return context
+
+    return apply
+
+
+def assert_option_kept(context: ssl.SSLContext, before: ssl.Options) -> None:
+    """anyio-comm neither clears nor sets a context's options."""
+    assert context.options == before
+
+
+async def test_ragged_eof_from_client_breaks_server_receive(
+    tls_version: ssl.TLSVersion, eof_option: Callable[[ssl.SSLContext], ssl.SSLContext]
+) -> None:
     """A handler blocked in receive() gets BrokenResourceError, and the listener goes on."""
     client_ctx = client_context(tls_version)
     send, receive = anyio.create_memory_object_stream[BaseException](1)
@@ -399,7 +423,8 @@ async def test_ragged_eof_from_client_breaks_server_receive(tls_version: ssl.TLS
             outcome = EndOfStream()
         await send.send(outcome)
 
-    server_ctx = server_context(tls_version)
+    server_ctx = eof_option(server_context(tls_version))
+    options = server_ctx.options
     async with send, receive:
         async with anyio_comm.listen(
             "tls://127.0.0.1:0", handler, ssl_context=server_ctx
@@ -417,9 +442,12 @@ async def test_ragged_eof_from_client_breaks_server_receive(tls_version: ssl.TLS
                 outcome = await receive.receive()
             assert isinstance(outcome, BrokenResourceError), repr(outcome)
             await assert_round_trip(listener.address, client_ctx)
+    assert_option_kept(server_ctx, options)
 
 
-async def test_ragged_eof_from_server_breaks_client_receive(tls_version: ssl.TLSVersion) -> None:
+async def test_ragged_eof_from_server_breaks_client_receive(
+    tls_version: ssl.TLSVersion, eof_option: Callable[[ssl.SSLContext], ssl.SSLContext]
+) -> None:
     """The same on the client side, against a hand-made TLS server that drops TCP."""
     server_ctx = server_context(tls_version)
     client_connected = anyio.Event()
@@ -439,13 +467,114 @@ async def test_ragged_eof_from_server_breaks_client_receive(tls_version: ssl.TLS
         (tcp_listener,) = multi.listeners
         tg.start_soon(raw_tls_server, tcp_listener)
         port = tcp_listener.extra(SocketAttribute.local_port)
+        client_ctx = eof_option(client_context(tls_version))
+        options = client_ctx.options
         with anyio.fail_after(10):
             async with await anyio_comm.connect(
-                f"tls://127.0.0.1:{port}", ssl_context=client_context(tls_version), timeout=10
+                f"tls://127.0.0.1:{port}", ssl_context=client_ctx, timeout=10
             ) as comm:
                 client_connected.set()
+                with pytest.raises(BrokenResourceError, match="without close_notify"):
+                    await comm.receive()
                 with pytest.raises(BrokenResourceError):
                     await comm.receive()
+    assert_option_kept(client_ctx, options)
+
+
+async def test_ragged_eof_inside_a_message_breaks_receive(
+    tls_version: ssl.TLSVersion, eof_option: Callable[[ssl.SSLContext], ssl.SSLContext]
+) -> None:
+    """A TCP close after part of a message's records (the rest never comes) is broken too."""
+    server_ctx = server_context(tls_version)
+
+    async def raw_tls_server(tcp_listener: anyio.abc.SocketListener) -> None:
+        stream = await tcp_listener.accept()
+        tls = await TLSStream.wrap(
+            stream, server_side=True, ssl_context=server_ctx, standard_compatible=False
+        )
+        await tls.send(encode_preamble(Limits()))
+        await BufferedByteReceiveStream(tls).receive_exactly(PREAMBLE_SIZE)
+        # a message of one 1000-byte frame, of which only the length table and
+        # 10 bytes arrive, in whole records
+        await tls.send(encode_header([1000]) + b"x" * 10)
+        await tls.transport_stream.aclose()  # no close_notify
+
+    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with multi, anyio.create_task_group() as tg:
+        (tcp_listener,) = multi.listeners
+        tg.start_soon(raw_tls_server, tcp_listener)
+        port = tcp_listener.extra(SocketAttribute.local_port)
+        client_ctx = eof_option(client_context(tls_version))
+        with anyio.fail_after(10):
+            async with await anyio_comm.connect(
+                f"tls://127.0.0.1:{port}", ssl_context=client_ctx, timeout=10
+            ) as comm:
+                with pytest.raises(BrokenResourceError):
+                    await comm.receive_frames()
+
+
+@pytest.mark.parametrize("closer", ["client", "server"])
+async def test_close_notify_is_a_clean_end_whatever_the_eof_option(
+    tls_version: ssl.TLSVersion,
+    eof_option: Callable[[ssl.SSLContext], ssl.SSLContext],
+    closer: str,
+) -> None:
+    """With close_notify (aclose), the other side's receive ends cleanly: EndOfStream
+    after every message sent before it, on contexts with or without the option."""
+    server_ctx = eof_option(server_context(tls_version))
+    client_ctx = eof_option(client_context(tls_version))
+    async with tls_pair(server_ctx, client_ctx) as (client, server):
+        closing, reading = (client, server) if closer == "client" else (server, client)
+        with anyio.fail_after(10):
+            await closing.send({"last": 1})
+            await closing.aclose()
+            assert await reading.receive() == {"last": 1}
+            with pytest.raises(EndOfStream):
+                await reading.receive()
+
+
+async def test_half_close_is_a_clean_end_whatever_the_eof_option(
+    tls_version: ssl.TLSVersion, eof_option: Callable[[ssl.SSLContext], ssl.SSLContext]
+) -> None:
+    """send_eof() sends close_notify: the peer reads a clean end and can still reply;
+    the reply's close_notify then ends the first side's receive cleanly too."""
+    server_ctx = eof_option(server_context(tls_version))
+    client_ctx = eof_option(client_context(tls_version))
+    async with tls_pair(server_ctx, client_ctx) as (client, server):
+        with anyio.fail_after(10):
+            await client.send("question")
+            await client.send_eof()
+            assert await server.receive() == "question"
+            with pytest.raises(EndOfStream):
+                await server.receive()
+            await server.send("answer")
+            await server.aclose()
+            assert await client.receive() == "answer"
+            with pytest.raises(EndOfStream):
+                await client.receive()
+
+
+async def test_tcp_close_during_the_handshake_is_an_eof_error(
+    tls_version: ssl.TLSVersion, eof_option: Callable[[ssl.SSLContext], ssl.SSLContext]
+) -> None:
+    """A server that closes TCP after reading the ClientHello fails connect() with
+    ssl.SSLEOFError on every context, never with a clean-close error."""
+
+    async def read_then_close(tcp_listener: anyio.abc.SocketListener) -> None:
+        async with await tcp_listener.accept() as stream:
+            await stream.receive()  # the ClientHello
+
+    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with multi, anyio.create_task_group() as tg:
+        (tcp_listener,) = multi.listeners
+        tg.start_soon(read_then_close, tcp_listener)
+        port = tcp_listener.extra(SocketAttribute.local_port)
+        with anyio.fail_after(10), pytest.raises(ssl.SSLEOFError):
+            await anyio_comm.connect(
+                f"tls://127.0.0.1:{port}",
+                ssl_context=eof_option(client_context(tls_version)),
+                timeout=10,
+            )
 
 
 async def test_client_handshake_timeout(tls_version: ssl.TLSVersion) -> None:

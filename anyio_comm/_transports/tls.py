@@ -22,6 +22,15 @@ protocol or a non-blocking ``SSLSocket``, this keeps our own receive path:
 * end of stream: the peer's ``close_notify`` is a clean EOF; a TCP close
   without it (ragged EOF) is :exc:`anyio.BrokenResourceError`, so a
   truncation by an attacker is never mistaken for the end of the stream.
+  That does not rest on the context's options: Python before 3.10.11 and
+  3.11.3 sets ``ssl.OP_IGNORE_UNEXPECTED_EOF`` on every context it makes
+  (so does any user who asks for it), and OpenSSL then reports a ragged EOF
+  exactly as it reports ``close_notify``. The incoming BIO tells the two
+  apart: the end of the TCP stream is fed to it only after OpenSSL asked for
+  more ciphertext, so every complete record before that end, a
+  ``close_notify`` included, has been read by then. An end of the session
+  that OpenSSL reports once the BIO is at its end, with no ``close_notify``
+  read before, is a ragged EOF. The context is neither changed nor refused.
   ``send_eof()`` sends ``close_notify`` and keeps reading (TLS half-close).
   ``aclose()`` sends ``close_notify`` if it can within 0.1 s, then closes;
   while another task is in the middle of a send it closes abruptly instead.
@@ -69,6 +78,8 @@ SEND_CHUNK: Final = 64 * 1024
 #: the ciphertext receive buffer's first size: two full TLS records
 FIRST_CIPHER_BUFFER: Final = 2 * (16 * 1024 + 256)
 CLOSE_NOTIFY_TIMEOUT: Final = 0.1
+#: the message of a TCP close without close_notify
+RAGGED_EOF: Final = "TLS connection closed without close_notify"
 
 
 class TLSTransport(Transport):
@@ -76,6 +87,7 @@ class TLSTransport(Transport):
 
     __slots__ = (
         "_cipher",
+        "_close_notify",
         "_closed",
         "_eof",
         "_incoming",
@@ -114,6 +126,8 @@ class TLSTransport(Transport):
         # the close_notify ciphertext a cancelled send_eof() did not write yet
         self._eof = False
         self._unsent = b""
+        # the peer's close_notify was read (before its TCP stream ended)
+        self._close_notify = False
 
     @property
     def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
@@ -173,6 +187,14 @@ class TLSTransport(Transport):
             except ssl.SSLWantReadError:
                 await self._flush()
                 await self._fill()
+            except ssl.SSLZeroReturnError as exc:
+                if not self._incoming.eof:
+                    raise
+                # OP_IGNORE_UNEXPECTED_EOF reports the TCP stream's end as the
+                # session's: the error it is on every other context
+                raise ssl.SSLEOFError(
+                    ssl.SSL_ERROR_EOF, "EOF occurred in violation of protocol (handshake)"
+                ) from exc
             except ssl.SSLError:
                 # OpenSSL wrote an alert saying why (unknown CA, no certificate,
                 # ...): send it, so the peer sees the reason rather than an EOF.
@@ -196,21 +218,24 @@ class TLSTransport(Transport):
                 # ciphertext is buffered, so a large frame costs one pass of the
                 # receive loop per ciphertext chunk, not per record.
                 # With a buffer, read() returns a count (typeshed says bytes).
-                received += sslobj.read(  # type: ignore[operator]
+                count: int = sslobj.read(  # type: ignore[assignment]
                     nbytes - received, buffer[received:] if received else buffer
                 )
+                if not count:  # the session ended
+                    return self._end_of_session(received, None)
+                received += count
                 if received == nbytes or not (incoming.pending or sslobj.pending()):
                     return received
                 continue
             except ssl.SSLWantReadError:
                 if received:
                     return received
-            except ssl.SSLZeroReturnError:
-                return received  # close_notify: a clean end of stream (0 if nothing came)
+            except ssl.SSLZeroReturnError as exc:
+                return self._end_of_session(received, exc)
             except ssl.SSLEOFError as exc:
                 if received:
                     return received
-                raise BrokenResourceError("TLS connection closed without close_notify") from exc
+                raise BrokenResourceError(RAGGED_EOF) from exc
             except ssl.SSLError as exc:
                 if received:
                     return received  # the error is raised again on the next call
@@ -219,6 +244,23 @@ class TLSTransport(Transport):
             if n is None:
                 return None
             self._take_cipher(n)
+
+    def _end_of_session(self, received: int, error: ssl.SSLError | None) -> int:
+        """OpenSSL reported the end of the session: ``received`` if it was
+        ``close_notify`` (0 is a clean end of stream), or if bytes came before it.
+
+        Raises:
+            anyio.BrokenResourceError: the TCP stream ended without
+                ``close_notify`` (a ragged EOF, reported as the end of the session
+                under ``OP_IGNORE_UNEXPECTED_EOF``: see the module docstring).
+        """
+        if not self._close_notify:
+            if self._incoming.eof:
+                if received:
+                    return received  # raised on the next call
+                raise BrokenResourceError(RAGGED_EOF) from error
+            self._close_notify = True
+        return received
 
     async def wait_readable(self) -> None:
         if self._closed:
