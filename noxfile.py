@@ -1,5 +1,5 @@
-"""Sessions: ``nox`` runs tests (Python 3.10-3.13), tests_asyncio_only, tests_dask, lint,
-typecheck, docs.
+"""Sessions: ``nox`` runs tests (Python 3.10-3.13), tests_system_python, tests_asyncio_only,
+tests_dask, lint, typecheck, docs.
 
 A Python version that is not installed is skipped, unless the environment variable ``CI``
 is set to ``true`` (as CI and ``.ci/run`` do): then every version of the matrix must run.
@@ -10,17 +10,31 @@ the backpressure and many-connection soak runs.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 
 import nox
 
 PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
+#: the operating system's own python3 (on Debian 12: 3.11.2), found on the POSIX default
+#: PATH rather than the user's; "python3" (nox then reports it missing) where there is none
+SYSTEM_PYTHON = shutil.which("python3", path=os.confstr("CS_PATH")) or "python3"
+CI = os.environ.get("CI", "").lower() in ("1", "true")
 
-nox.options.sessions = ["tests", "tests_asyncio_only", "tests_dask", "lint", "typecheck", "docs"]
+nox.options.sessions = [
+    "tests",
+    "tests_system_python",
+    "tests_asyncio_only",
+    "tests_dask",
+    "lint",
+    "typecheck",
+    "docs",
+]
 #: the distributed release the dask backend is tested against
 DISTRIBUTED = "distributed==2026.8.0"
 nox.options.reuse_existing_virtualenvs = False
 #: CI must run the whole matrix; locally a missing interpreter is reported and skipped
-nox.options.error_on_missing_interpreters = os.environ.get("CI", "").lower() in ("1", "true")
+nox.options.error_on_missing_interpreters = CI
 
 
 def run_pytest(
@@ -45,6 +59,24 @@ def run_pytest(
 def tests(session: nox.Session) -> None:
     """The whole suite on asyncio, asyncio+uvloop and trio."""
     run_pytest(session, "test")
+
+
+@nox.session(python=SYSTEM_PYTHON)
+def tests_system_python(session: nox.Session) -> None:
+    """Every TLS test on the operating system's own Python, whose ssl module may differ from
+    a python.org build's: Python before 3.10.11 and 3.11.3 (Debian 12's 3.11.2) sets
+    ``ssl.OP_IGNORE_UNEXPECTED_EOF`` on every context it makes. Skipped where that Python is
+    missing or does not set the option, unless ``CI`` is set."""
+    probe = (
+        "import ssl; "
+        "print(bool(ssl.create_default_context().options & ssl.OP_IGNORE_UNEXPECTED_EOF))"
+    )
+    sets_option = subprocess.run(
+        [SYSTEM_PYTHON, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    if sets_option != "True" and not CI:
+        session.skip(f"{SYSTEM_PYTHON} does not set ssl.OP_IGNORE_UNEXPECTED_EOF")
+    run_pytest(session, "test", "-k", "tls", "-q")  # -k ignores case: TLS, tls1.3, ...
 
 
 @nox.session(python="3.11")
