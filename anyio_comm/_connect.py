@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import itertools
 import math
 import os
 import random
@@ -19,6 +20,7 @@ from ._addressing import (
     check_connectable,
     check_tls_options,
     format_socket_address,
+    format_tcp,
     parse_address,
 )
 from ._comm import Comm, establish
@@ -38,6 +40,7 @@ __all__ = [
     "configure_socket",
     "connect",
     "from_stream",
+    "interleave_families",
     "keepalive_settings",
     "open_socket",
     "resolve_tcp",
@@ -50,6 +53,10 @@ KEEPALIVE_PROBES: Final = 5
 RETRY_FIRST_DELAY: Final = 0.02
 #: ... up to this
 RETRY_MAX_DELAY: Final = 1.0
+#: connect(): with several addresses, the next attempt starts when the one
+#: before failed or after this many seconds (RFC 8305's recommended
+#: "Connection Attempt Delay", also anyio.connect_tcp's default)
+HAPPY_EYEBALLS_DELAY: Final = 0.25
 
 
 def keepalive_settings(seconds: float) -> tuple[int, int, int, int]:
@@ -123,16 +130,24 @@ async def resolve_tcp(host: str, port: int, *, passive: bool = False) -> list[tu
 
 
 async def open_socket(
-    scheme: str, host: str, port: int, path: str, keepalive: float | None = None
+    scheme: str,
+    host: str,
+    port: int,
+    path: str,
+    keepalive: float | None = None,
+    happy_eyeballs_delay: float = HAPPY_EYEBALLS_DELAY,
 ) -> socket.socket:
     """Connect a non-blocking TCP or Unix socket.
 
-    Tries every address ``host`` resolves to, in order, and raises the last
-    error if none accepts.
+    A host name with several addresses is connected the Happy Eyeballs way
+    (RFC 8305), as :func:`anyio.connect_tcp` does: see :func:`_connect_first`.
+    One address (an IP literal, a name with one address) is connected
+    directly.
 
     Raises:
         OSError: resolution failed (``socket.gaierror``) or no address
-            accepted the connection.
+            accepted the connection (for several addresses, the message says
+            what each one answered).
     """
     if scheme == "unix":
         if not _HAS_UNIX:  # pragma: no cover
@@ -147,22 +162,122 @@ async def open_socket(
         return sock
 
     infos = await resolve_tcp(host, port)
-    error: OSError | None = None
-    for family, type_, proto, _, sockaddr in infos:
-        sock = socket.socket(family, type_, proto)
+    if len(infos) == 1:
+        return await _open_tcp(infos[0], keepalive)
+    return await _connect_first(
+        scheme, host, port, interleave_families(infos), keepalive, happy_eyeballs_delay
+    )
+
+
+def interleave_families(infos: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """``getaddrinfo`` results in the order RFC 8305 (section 4) tries them.
+
+    The address families alternate, starting with the family of the first
+    result (the resolver's preference, RFC 6724); within a family the order
+    is kept: ``[a6, b6, c6, a4, b4]`` becomes ``[a6, a4, b6, b4, c6]``.
+    """
+    by_family: dict[int, list[tuple[Any, ...]]] = {}
+    for info in infos:
+        by_family.setdefault(info[0], []).append(info)
+    if len(by_family) == 1:
+        return infos
+    rounds = itertools.zip_longest(*by_family.values())
+    return [info for infos_of_round in rounds for info in infos_of_round if info is not None]
+
+
+async def _open_tcp(info: tuple[Any, ...], keepalive: float | None) -> socket.socket:
+    """A socket connected to one ``getaddrinfo`` result; closed if that fails."""
+    family, type_, proto, _, sockaddr = info
+    sock = socket.socket(family, type_, proto)
+    try:
+        configure_socket(sock, keepalive)
+        await _connect_socket(sock, sockaddr)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+async def _connect_first(
+    scheme: str,
+    host: str,
+    port: int,
+    infos: list[tuple[Any, ...]],
+    keepalive: float | None,
+    delay: float,
+) -> socket.socket:
+    """The socket of the first of ``infos`` that accepts a connection.
+
+    Each attempt is a task of one task group. The next one starts when the
+    attempt started before it failed, or ``delay`` seconds after that one
+    started, whichever comes first; the earlier attempts go on meanwhile. The
+    first socket connected wins: the task group is cancelled, and every other
+    attempt closes its socket (one that connects after the winner closes it
+    at once). Cancelling this call does the same and closes the winner too.
+
+    Raises:
+        OSError: every attempt failed: see :func:`_attempts_failed`.
+    """
+    winner: socket.socket | None = None
+    failures: list[tuple[int, Any, OSError]] = []
+
+    async def attempt(
+        index: int, info: tuple[Any, ...], failed: anyio.Event, group: anyio.CancelScope
+    ) -> None:
+        nonlocal winner
         try:
-            configure_socket(sock, keepalive)
-            await _connect_socket(sock, sockaddr)
+            sock = await _open_tcp(info, keepalive)
         except OSError as exc:
+            failures.append((index, info[4], exc))
+            failed.set()
+            return
+        if winner is None:
+            winner = sock
+            group.cancel()
+        else:
             sock.close()
-            error = exc
-            continue
-        except BaseException:
-            sock.close()
-            raise
-        return sock
-    assert error is not None
-    raise error
+
+    try:
+        async with anyio.create_task_group() as tg:
+            for index, info in enumerate(infos):
+                failed = anyio.Event()
+                tg.start_soon(attempt, index, info, failed, tg.cancel_scope)
+                with anyio.move_on_after(delay):
+                    await failed.wait()
+    except BaseException:
+        if winner is not None:
+            winner.close()
+        raise
+    if winner is None:
+        failures.sort(key=lambda failure: failure[0])
+        raise _attempts_failed(scheme, host, port, [(sa, exc) for _, sa, exc in failures])
+    return winner
+
+
+def _attempts_failed(
+    scheme: str, host: str, port: int, failures: list[tuple[Any, OSError]]
+) -> OSError:
+    """The error for a host name none of whose addresses accepted a connection.
+
+    When every address failed the same way (all refused, say), it is that
+    error (``ConnectionRefusedError``, its ``errno``) listing the addresses;
+    the caller adds the address that was asked for, as for one address.
+    Otherwise a plain ``OSError`` (no ``errno``) that names the address asked
+    for and, for each address tried, what went wrong.
+    """
+
+    def where(sockaddr: Any) -> str:
+        return format_tcp(sockaddr[0], sockaddr[1], scheme).partition("://")[2]
+
+    first = failures[0][1]
+    if first.errno is not None and all(exc.errno == first.errno for _, exc in failures):
+        tried = [where(sockaddr) for sockaddr, _ in failures]
+        listed = ", ".join(tried[:-1]) + " and " + tried[-1]
+        return OSError(first.errno, f"{first.strerror or os.strerror(first.errno)} at {listed}")
+    reasons = ", ".join(f"{where(sockaddr)} ({exc.strerror or exc})" for sockaddr, exc in failures)
+    return OSError(
+        f"no address of {format_tcp(host, port, scheme)} accepted the connection: {reasons}"
+    )
 
 
 def _with_address(exc: OSError, address: str) -> OSError:
@@ -172,6 +287,14 @@ def _with_address(exc: OSError, address: str) -> OSError:
     what = "resolving" if isinstance(exc, socket.gaierror) else "connecting to"
     clear = type(exc)(exc.errno, f"{exc.strerror} ({what} {address})")
     return clear.with_traceback(exc.__traceback__)
+
+
+def _check_delay(delay: float) -> None:
+    """Check ``happy_eyeballs_delay``: a number of seconds, 0 to infinity."""
+    if isinstance(delay, bool) or not isinstance(delay, (int, float)):
+        raise TypeError(f"happy_eyeballs_delay must be a number of seconds, not {delay!r}")
+    if not delay >= 0:  # also rejects NaN
+        raise ValueError(f"happy_eyeballs_delay must not be negative, not {delay!r}")
 
 
 def _retry_delay(attempt: int) -> float:
@@ -189,6 +312,7 @@ async def connect(
     ssl_context: ssl.SSLContext | None = None,
     server_hostname: str | None = None,
     early_data: bool = False,
+    happy_eyeballs_delay: float = HAPPY_EYEBALLS_DELAY,
     **keywords: Unpack[OptionsKeywords],
 ) -> Comm:
     """Connect to ``address`` and complete the anyio-comm handshake.
@@ -227,6 +351,14 @@ async def connect(
             raises :exc:`~anyio_comm.PeerClosedError`) and pickle nothing;
             :attr:`~anyio_comm.Comm.peer_handshake` raises :exc:`RuntimeError`
             until it arrived. Works with version-1 servers too.
+        happy_eyeballs_delay: for a host name with several addresses, which
+            are tried as :func:`anyio.connect_tcp` tries them (Happy Eyeballs,
+            RFC 8305: address families alternating, starting with the first
+            one the resolver returned), the seconds after which the next
+            address is tried while the attempts before it are still pending;
+            an attempt that fails starts the next one at once. The first
+            connection made wins and the other attempts are abandoned. ``0``
+            tries every address at once, ``math.inf`` one after another.
 
     Returns:
         The connected comm; close it with ``aclose()`` or ``async with``.
@@ -253,6 +385,7 @@ async def connect(
     check_connectable(parsed)
     check_tls_options(parsed, ssl_context)
     check_seconds("timeout", timeout)
+    _check_delay(happy_eyeballs_delay)
     resolved = resolve_options("connect", options, keywords)
     deadline = math.inf if timeout is None else anyio.current_time() + timeout
     attempt = 0
@@ -260,7 +393,13 @@ async def connect(
         try:
             with anyio.move_on_after(deadline - anyio.current_time()) as scope:
                 return await _connect_once(
-                    address, parsed, resolved, ssl_context, server_hostname, early_data
+                    address,
+                    parsed,
+                    resolved,
+                    ssl_context,
+                    server_hostname,
+                    early_data,
+                    happy_eyeballs_delay,
                 )
         except ssl.SSLError:
             raise
@@ -296,12 +435,18 @@ async def _connect_once(
     ssl_context: ssl.SSLContext | None,
     server_hostname: str | None,
     early_data: bool,
+    happy_eyeballs_delay: float,
 ) -> Comm:
     if parsed.scheme == "inproc":
         return await connect_inproc(parsed.path, options, early_data=early_data)
     try:
         sock = await open_socket(
-            parsed.scheme, parsed.host, parsed.port, parsed.path, options.keepalive
+            parsed.scheme,
+            parsed.host,
+            parsed.port,
+            parsed.path,
+            options.keepalive,
+            happy_eyeballs_delay,
         )
     except OSError as exc:
         raise _with_address(exc, address) from None
