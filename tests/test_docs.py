@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,6 +25,60 @@ def test_comparison_report_is_generated_from_the_committed_run(name: str) -> Non
 
     data = json.loads((DOCS / "_generated" / f"{name}.json").read_text())
     assert (DOCS / "_generated" / f"{name}.md").read_text() == render_compare(data)
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """Width and height in pixels, from the PNG's header."""
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", path
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+def _performance_figures() -> dict[str, Any]:
+    """The figures of the performance page, drawn from the committed runs, by PNG name."""
+    pytest.importorskip("matplotlib")
+    from benchmarks import render as render_echo
+    from benchmarks import render_compare
+
+    echo = json.loads((DOCS / "_generated" / "echo.json").read_text())
+    compare = json.loads((DOCS / "_generated" / "compare.json").read_text())
+    paths = render_compare.plot_paths(str(DOCS / "_generated" / "compare.png"))
+    return {
+        "echo.png": render_echo.figure(echo),
+        **{Path(paths[b]).name: fig for b, fig in render_compare.figures(compare).items()},
+    }
+
+
+def test_performance_plots_are_readable_at_the_page_width() -> None:
+    """Every text of every plot is at least MIN_PAGE_PX high once the PNG is scaled to the
+    page's content column, every legend has at most six entries, and the committed PNGs
+    have the size the render scripts draw (they were redrawn after the scripts changed)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.text import Text
+
+    from benchmarks import _plots
+
+    figures = _performance_figures()
+    page = (DOCS / "performance.md").read_text()
+    for name, fig in figures.items():
+        fig.canvas.draw()  # tick labels exist once drawn
+        texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+        assert texts, name
+        for text in texts:
+            size = _plots.page_px(text.get_fontsize(), fig.get_figwidth())
+            assert size >= _plots.MIN_PAGE_PX, (name, text.get_text(), size)
+        legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+        assert legends, name
+        assert all(len(legend.get_texts()) <= 6 for legend in legends), name
+        assert fig.get_figwidth() == _plots.WIDTH, name
+        size = (round(fig.get_figwidth() * _plots.DPI), round(fig.get_figheight() * _plots.DPI))
+        assert _png_size(DOCS / "_generated" / name) == size, name
+        plt.close(fig)
+        # shown on the page, with a link to the full-size image
+        assert f"```{{figure}} _generated/{name}\n" in page, name
+        assert f"[full-size image](_generated/{name})" in page, name
+    shown = set(re.findall(r"_generated/([\w-]+\.png)", page))
+    assert shown == set(figures), shown
 
 
 def _case(system: str, backend: str, size: int, concurrency: int, **figures: object) -> dict:
