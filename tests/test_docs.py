@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
+from xml.etree import ElementTree
 
 import pytest
 
@@ -79,6 +84,49 @@ def test_performance_plots_are_readable_at_the_page_width() -> None:
         assert f"[full-size image](_generated/{name})" in page, name
     shown = set(re.findall(r"_generated/([\w-]+\.png)", page))
     assert shown == set(figures), shown
+
+
+#: the backends of the testing guide's conftest.py: the ids the guide's tests run under
+GUIDE_BACKENDS = ("asyncio", "asyncio+uvloop", "trio")
+
+
+@pytest.mark.timeout(180)
+def test_testing_guide_runs_as_written(tmp_path: Path) -> None:
+    """The testing guide's Python blocks, copied into a fresh project, pass under pytest
+    with an empty configuration (no ``anyio_mode = "auto"``: each async test needs its
+    ``@pytest.mark.anyio``). A block that starts with ``# conftest.py`` is the conftest,
+    a block with tests a test module; any other block is a fragment that must parse
+    (``await`` allowed at its top level, as in a test body)."""
+    for package in ("trio", "uvloop", "trustme"):
+        pytest.importorskip(package)
+    page = (DOCS / "guides" / "testing.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```$", page, flags=re.MULTILINE | re.DOTALL)
+    tests: list[str] = []
+    for i, block in enumerate(blocks):
+        if block.startswith("# conftest.py\n"):
+            (tmp_path / "conftest.py").write_text(block)
+        elif re.search(r"^(async )?def test_", block, flags=re.MULTILINE):
+            (tmp_path / f"test_guide_{i}.py").write_text(block)
+            tests += re.findall(r"^(?:async )?def (test_\w+)", block, flags=re.MULTILINE)
+        else:
+            compile(block, f"testing.md block {i}", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    assert (tmp_path / "conftest.py").exists()
+    assert "test_rejects_a_peer_speaking_http" in tests
+    assert "test_echo_over_tls" in tests
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(DOCS.parent), env.get("PYTHONPATH", "")])
+    command = [sys.executable, "-m", "pytest", "-c", "pytest.ini", "--rootdir", "."]
+    command += ["-p", "anyio", "-p", "no:cacheprovider", "-W", "error", "-q"]
+    command += ["--junitxml", "report.xml"]
+    result = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    cases = list(ElementTree.parse(tmp_path / "report.xml").iter("testcase"))
+    assert not [c.get("name") for c in cases if len(c)], result.stdout  # failed or skipped
+    expected = {f"{test}[{backend}]" for test in tests for backend in GUIDE_BACKENDS}
+    assert {c.get("name") for c in cases} == expected
 
 
 def _case(system: str, backend: str, size: int, concurrency: int, **figures: object) -> dict:
