@@ -39,7 +39,8 @@ Run from the repository root::
 
     python -m benchmarks.compare --quick
     python -m benchmarks.compare --repeat 2 --seconds 1 --json benchmarks/results/compare.json \\
-        --markdown benchmarks/results/compare.md --plot benchmarks/results/compare.png
+        --markdown benchmarks/results/compare.md \\
+        --plot 'benchmarks/results/compare-{backend}.png'
     python -m benchmarks.compare --gil-hold --sizes 1e3,1e6 --frames 1 --tls off \\
         --systems anyio-comm,floor,dask,zmq --json benchmarks/results/compare-gil.json
 """
@@ -569,7 +570,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--repeat", type=int, help="repeats of the whole matrix, best kept (default 2, quick 1)")
     _harness.add_output_options(parser, json_help="write all runs, the best per case and metadata")
     add("--markdown", metavar="PATH", help="write the markdown report (render_compare)")
-    add("--plot", metavar="PATH", help="write the PNG plot (needs matplotlib)")
+    add(
+        "--plot",
+        metavar="PATH",
+        help="write the PNG plots, one per backend, to PATH with {backend} replaced by its name "
+        "(without {backend}: -asyncio, -uvloop, -trio added before the suffix; needs matplotlib)",
+    )
     args = parser.parse_args(argv)
     quick = args.quick
     args.sizes = args.sizes or list(QUICK_SIZES if quick else SIZES)

@@ -17,7 +17,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 BACKENDS = ("asyncio", "uvloop", "trio")
 
@@ -82,56 +85,96 @@ def render(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(data: dict[str, Any], path: Path) -> None:
-    """Write a PNG: MB/s each way against message size, and 1 kB latency, per system."""
+#: colour, marker and line of each series; TLS series are dashed, with hollow markers
+STYLES: dict[str, tuple[str, str]] = {
+    "anyio-comm": ("tab:blue", "o"),
+    "anyio-streams": ("tab:orange", "s"),
+}
+#: colours and markers of systems without a style of their own
+OTHER_STYLES = (("tab:green", "^"), ("tab:red", "D"), ("tab:purple", "v"), ("tab:brown", "P"))
+
+
+def _style(label: str, others: list[str]) -> dict[str, Any]:
+    system, tls = label.removesuffix("+tls"), label.endswith("+tls")
+    if system not in STYLES and system not in others:
+        others.append(system)
+    color, marker = STYLES.get(system) or OTHER_STYLES[others.index(system) % len(OTHER_STYLES)]
+    return {
+        "color": color,
+        "marker": marker,
+        "linestyle": "--" if tls else "-",
+        "markerfacecolor": "white" if tls else color,
+    }
+
+
+def figure(data: dict[str, Any]) -> Figure:
+    """The plot of one run: MB/s each way against message size on each backend, and the
+    round-trip latency of the smallest messages (p50 and p99) of every series."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from benchmarks import _plots
+
     results = [r for r in data["results"] if "error" not in r]
     labels = sorted({_label(r) for r in results})
-    styles = {
-        "anyio-comm": ("tab:blue", "-"),
-        "anyio-comm+tls": ("tab:blue", "--"),
-        "anyio-streams": ("tab:orange", "-"),
-        "anyio-streams+tls": ("tab:orange", "--"),
-    }
-    fig, axes = plt.subplots(1, len(BACKENDS) + 1, figsize=(16, 4.2))
-    for ax, backend in zip(axes, BACKENDS, strict=False):
-        for label in labels:
-            points = sorted(
-                (r["size"], r["mb_per_s"])
-                for r in results
-                if _label(r) == label and r["backend"] == backend
-            )
-            if points:
-                color, line = styles.get(label, ("gray", ":"))
-                ax.plot(
-                    *zip(*points, strict=True),
-                    marker="o",
-                    color=color,
-                    linestyle=line,
-                    label=label,
+    others: list[str] = []
+    styles = {label: _style(label, others) for label in labels}
+    with plt.rc_context(_plots.RC):
+        fig, grid = plt.subplots(2, 2, figsize=(_plots.WIDTH, 6.6), layout="constrained")
+        axes = list(grid.flat)
+        for ax, backend in zip(axes, BACKENDS, strict=False):
+            for label in labels:
+                points = sorted(
+                    (r["size"], r["mb_per_s"])
+                    for r in results
+                    if _label(r) == label and r["backend"] == backend
                 )
-        ax.set(xscale="log", yscale="log", title=backend, xlabel="message size (bytes)")
-        ax.grid(True, which="both", alpha=0.3)
-    axes[0].set_ylabel("MB/s each way")
-    axes[0].legend(fontsize="small")
-    small = min(r["size"] for r in results)
-    ax = axes[-1]
-    rows = [r for r in results if r["size"] == small]
-    names = [f"{_label(r)}\n{r['backend']}" for r in rows]
-    ax.barh(names, [r["p99_ms"] * 1000 for r in rows], color="lightgray", label="p99")
-    ax.barh(names, [r["p50_ms"] * 1000 for r in rows], color="tab:blue", label="p50")
-    ax.set(xlabel="round-trip latency (µs)", title=f"latency, {_size(small)} messages")
-    ax.tick_params(axis="y", labelsize=6)
-    ax.legend(fontsize="small")
-    fig.suptitle(
-        f"echo benchmark, {data['metadata']['date'][:10]} ({data['metadata']['pinning']})"
-    )
-    fig.tight_layout()
-    fig.savefig(path, dpi=90)
+                if points:
+                    ax.plot(*zip(*points, strict=True), label=label, **styles[label])
+            ax.set(xscale="log", yscale="log", title=f"{backend}: throughput")
+            ax.set(xlabel="message size (bytes)", ylabel="MB/s each way")
+            ax.grid(True, which="both", alpha=0.3)
+        small = min(r["size"] for r in results)
+        ax = axes[-1]
+        width = 0.8 / len(labels)
+        for i, label in enumerate(labels):
+            rows = {r["backend"]: r for r in results if r["size"] == small and _label(r) == label}
+            xs = [b + (i - (len(labels) - 1) / 2) * width for b in range(len(BACKENDS))]
+            p50 = [rows[b]["p50_ms"] * 1000 if b in rows else 0 for b in BACKENDS]
+            p99 = [rows[b]["p99_ms"] * 1000 if b in rows else 0 for b in BACKENDS]
+            style = styles[label]
+            ax.bar(
+                xs,
+                p50,
+                width,
+                color=style["markerfacecolor"],
+                edgecolor=style["color"],
+                hatch="//" if label.endswith("+tls") else None,
+                yerr=[[0] * len(xs), [hi - lo for lo, hi in zip(p50, p99, strict=True)]],
+                error_kw={"ecolor": "black", "capsize": 3, "elinewidth": 1.2},
+            )
+        ax.set_xticks(range(len(BACKENDS)), BACKENDS)
+        ax.set(ylabel="round trip (µs)", title=f"{_size(small)} latency: p50, whisker p99")
+        ax.grid(True, axis="y", alpha=0.3)
+        fig.legend(
+            *axes[0].get_legend_handles_labels(),
+            loc="outside lower center",
+            ncols=len(labels),
+            handlelength=2.6,
+            columnspacing=1.2,
+        )
+        meta = data["metadata"]
+        fig.suptitle(f"Echo benchmark, one connection, run of {meta['date'][:10]}")
+    return fig
+
+
+def plot(data: dict[str, Any], path: Path) -> None:
+    """Write :func:`figure` as a PNG at ``path``."""
+    from benchmarks import _plots
+
+    _plots.save(figure(data), path)
 
 
 def main(argv: list[str] | None = None) -> int:

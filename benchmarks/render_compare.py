@@ -1,9 +1,9 @@
-"""Render a ``benchmarks.compare`` JSON file as a markdown report and a PNG plot.
+"""Render a ``benchmarks.compare`` JSON file as a markdown report and PNG plots.
 
 Usage (from the repository root)::
 
     python -m benchmarks.render_compare benchmarks/results/compare.json \\
-        benchmarks/results/compare.md --plot benchmarks/results/compare.png
+        benchmarks/results/compare.md --plot 'benchmarks/results/compare-{backend}.png'
 
 The report has the round trips per second of every workload and system, then
 the ratios and figures that the targets are about, each computed from cases of
@@ -26,7 +26,10 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 Key = tuple[str, str, int, int, int, "str | None"]
 Workload = tuple[int, int, int, "str | None"]  # size, concurrency, frames, tls
@@ -511,42 +514,114 @@ def render(data: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(data: dict[str, Any], path: str) -> None:
-    """Throughput (MB/s each way) and p50/p99 latency against frame size; c=1, 1 frame, TCP."""
+#: colour, marker and line of each system in the plots, the same on every backend
+PLOT_STYLES: dict[str, tuple[str, str, str]] = {
+    "anyio-comm": ("tab:blue", "o", "-"),
+    "anyio-streams": ("tab:orange", "^", "-"),
+    "floor": ("tab:green", "s", "--"),
+    "floor-blocking": ("tab:brown", "D", "-."),
+    "dask": ("tab:red", "v", ":"),
+    "zmq": ("tab:purple", "P", ":"),
+}
+#: colours, markers and lines of systems without a style of their own
+OTHER_PLOT_STYLES = (("tab:gray", "X", "--"), ("tab:cyan", "h", "-."), ("tab:pink", "*", ":"))
+
+
+def _plotted_systems(ok: dict[Key, dict[str, Any]]) -> list[str]:
+    """The systems of the run in the order of ``PLOT_STYLES``, without the diagnostic ones
+    (variants run to answer one question, which the tables show)."""
+    from benchmarks.systems import SYSTEMS
+
+    ran = {system for system, *_ in ok}
+    order = [*PLOT_STYLES, *sorted(ran - set(PLOT_STYLES))]
+    return [s for s in order if s in ran and not (s in SYSTEMS and SYSTEMS[s].diagnostic)]
+
+
+def figures(data: dict[str, Any]) -> dict[str, Figure]:
+    """One plot per backend: throughput (MB/s each way) and p99 latency against frame size,
+    one connection, one frame per message, plain TCP. A system that runs on one backend
+    only (the blocking floor on threads, dask and pyzmq on asyncio) is drawn on every
+    backend's plot as a reference. The median latency is left out: with one connection it
+    is close to the inverse of the round trips per second, which the throughput shows."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from benchmarks import _plots
+
     ok, _ = _index(data)
-    series: dict[str, list[dict[str, Any]]] = {}
+    rows: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for (system, backend, _, conc, frames, tls), r in ok.items():
         if conc == 1 and frames == 1 and not tls:
-            series.setdefault(f"{system} ({backend})", []).append(r)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5.5))
-    colors = plt.get_cmap("tab20").colors
-    markers = "os^Dvp*hX<>P"
-    for i, (label, rows) in enumerate(series.items()):
-        rows.sort(key=lambda r: r["size"])
-        sizes = [r["size"] for r in rows]
-        style: dict[str, Any] = {"marker": markers[i % len(markers)], "color": colors[i % 20]}
-        if label.startswith("anyio-comm"):
-            style["linewidth"] = 2.5
-        left.plot(sizes, [r["mb_per_s"] for r in rows], label=label, **style)
-        right.plot(sizes, [r["p50_ms"] for r in rows], label=f"{label} p50", **style)
-        right.plot(sizes, [r["p99_ms"] for r in rows], linestyle="--", alpha=0.6, **style)
-    left.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="MB/s each way")
-    left.set_title("Echo throughput, 1 connection, plain TCP")
-    right.set(xscale="log", yscale="log", xlabel="message size (bytes)", ylabel="latency (ms)")
-    right.set_title("Round-trip latency: p50 (solid), p99 (dashed)")
-    for ax in (left, right):
-        ax.grid(True, which="both", alpha=0.3)
-    left.legend(fontsize=7)
-    right.legend(fontsize=6, ncol=2)
-    fig.suptitle(f"anyio-comm comparison, {data['metadata']['date']}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+            rows.setdefault((system, backend), []).append(r)
+    systems = _plotted_systems({k: v for k, v in ok.items() if (k[0], k[1]) in rows})
+    backends = [b for b in BACKENDS if any(backend == b for _, backend in rows)]
+    others = [s for s in systems if s not in PLOT_STYLES]
+    out: dict[str, Figure] = {}
+    for backend in backends:
+        with plt.rc_context(_plots.RC):
+            fig, (left, right) = plt.subplots(
+                1, 2, figsize=(_plots.WIDTH, 4.9), layout="constrained"
+            )
+            for system in systems:
+                ran_on = [b for s, b in rows if s == system]
+                if backend in ran_on:
+                    key, label = (system, backend), system
+                elif len(ran_on) == 1:  # a reference from its only backend
+                    key, label = (system, ran_on[0]), f"{system} ({ran_on[0]})"
+                else:
+                    continue
+                color, marker, line = (
+                    PLOT_STYLES.get(system)
+                    or OTHER_PLOT_STYLES[others.index(system) % len(OTHER_PLOT_STYLES)]
+                )
+                style: dict[str, Any] = {"color": color, "marker": marker, "linestyle": line}
+                if system == "anyio-comm":
+                    style["linewidth"] = 2.8
+                points = sorted(rows[key], key=lambda r: r["size"])
+                sizes = [r["size"] for r in points]
+                left.plot(sizes, [r["mb_per_s"] for r in points], label=label, **style)
+                right.plot(sizes, [r["p99_ms"] for r in points], **style)
+            left.set(title="throughput", ylabel="MB/s each way")
+            right.set(title="p99 round-trip latency", ylabel="latency (ms)")
+            for ax in (left, right):
+                ax.set(xscale="log", yscale="log", xlabel="message size (bytes)")
+                ax.grid(True, which="both", alpha=0.3)
+            fig.legend(
+                *left.get_legend_handles_labels(),
+                loc="outside lower center",
+                ncols=3,
+                handlelength=3,
+            )
+            fig.suptitle(
+                f"{backend}: one connection, one frame per message, plain TCP "
+                f"(run of {data['metadata']['date'][:10]})"
+            )
+        out[backend] = fig
+    return out
+
+
+def plot_paths(path: str) -> dict[str, str]:
+    """Where :func:`plot` writes each backend's plot: ``path`` with ``{backend}`` replaced
+    by the backend's name, or with ``-<backend>`` added before its suffix."""
+    p = Path(path)
+    if "{backend}" not in path:
+        path = str(p.with_name(f"{p.stem}-{{backend}}{p.suffix or '.png'}"))
+    return {backend: path.format(backend=backend) for backend in BACKENDS}
+
+
+def plot(data: dict[str, Any], path: str) -> list[str]:
+    """Write the plots of :func:`figures` as PNG files (see :func:`plot_paths`) and return
+    their paths."""
+    from benchmarks import _plots
+
+    paths = plot_paths(path)
+    written = []
+    for backend, fig in figures(data).items():
+        _plots.save(fig, paths[backend])
+        written.append(paths[backend])
+    return written
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -554,7 +629,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.render_compare")
     parser.add_argument("json", help="a JSON file written by benchmarks.compare --json")
     parser.add_argument("markdown", help="where to write the markdown report")
-    parser.add_argument("--plot", metavar="PATH", help="also write the PNG plot")
+    parser.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="also write the PNG plots, one per backend: PATH with {backend} replaced by its "
+        "name (without {backend}: -asyncio, -uvloop, -trio added before the suffix)",
+    )
     args = parser.parse_args(argv)
     data = json.loads(Path(args.json).read_text(encoding="utf-8"))
     Path(args.markdown).write_text(render(data), encoding="utf-8")

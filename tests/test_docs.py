@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import ast
 import json
+import os
+import re
+import subprocess
+import sys
 from pathlib import Path
+from typing import Any
+from xml.etree import ElementTree
 
 import pytest
 
@@ -23,6 +30,103 @@ def test_comparison_report_is_generated_from_the_committed_run(name: str) -> Non
 
     data = json.loads((DOCS / "_generated" / f"{name}.json").read_text())
     assert (DOCS / "_generated" / f"{name}.md").read_text() == render_compare(data)
+
+
+def _png_size(path: Path) -> tuple[int, int]:
+    """Width and height in pixels, from the PNG's header."""
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n", path
+    return int.from_bytes(header[16:20], "big"), int.from_bytes(header[20:24], "big")
+
+
+def _performance_figures() -> dict[str, Any]:
+    """The figures of the performance page, drawn from the committed runs, by PNG name."""
+    pytest.importorskip("matplotlib")
+    from benchmarks import render as render_echo
+    from benchmarks import render_compare
+
+    echo = json.loads((DOCS / "_generated" / "echo.json").read_text())
+    compare = json.loads((DOCS / "_generated" / "compare.json").read_text())
+    paths = render_compare.plot_paths(str(DOCS / "_generated" / "compare.png"))
+    return {
+        "echo.png": render_echo.figure(echo),
+        **{Path(paths[b]).name: fig for b, fig in render_compare.figures(compare).items()},
+    }
+
+
+def test_performance_plots_are_readable_at_the_page_width() -> None:
+    """Every text of every plot is at least MIN_PAGE_PX high once the PNG is scaled to the
+    page's content column, every legend has at most six entries, and the committed PNGs
+    have the size the render scripts draw (they were redrawn after the scripts changed)."""
+    import matplotlib.pyplot as plt
+    from matplotlib.text import Text
+
+    from benchmarks import _plots
+
+    figures = _performance_figures()
+    page = (DOCS / "performance.md").read_text()
+    for name, fig in figures.items():
+        fig.canvas.draw()  # tick labels exist once drawn
+        texts = [t for t in fig.findobj(Text) if t.get_visible() and t.get_text().strip()]
+        assert texts, name
+        for text in texts:
+            size = _plots.page_px(text.get_fontsize(), fig.get_figwidth())
+            assert size >= _plots.MIN_PAGE_PX, (name, text.get_text(), size)
+        legends = fig.legends + [ax.get_legend() for ax in fig.axes if ax.get_legend()]
+        assert legends, name
+        assert all(len(legend.get_texts()) <= 6 for legend in legends), name
+        assert fig.get_figwidth() == _plots.WIDTH, name
+        size = (round(fig.get_figwidth() * _plots.DPI), round(fig.get_figheight() * _plots.DPI))
+        assert _png_size(DOCS / "_generated" / name) == size, name
+        plt.close(fig)
+        # shown on the page, with a link to the full-size image
+        assert f"```{{figure}} _generated/{name}\n" in page, name
+        assert f"[full-size image](_generated/{name})" in page, name
+    shown = set(re.findall(r"_generated/([\w-]+\.png)", page))
+    assert shown == set(figures), shown
+
+
+#: the backends of the testing guide's conftest.py: the ids the guide's tests run under
+GUIDE_BACKENDS = ("asyncio", "asyncio+uvloop", "trio")
+
+
+@pytest.mark.timeout(180)
+def test_testing_guide_runs_as_written(tmp_path: Path) -> None:
+    """The testing guide's Python blocks, copied into a fresh project, pass under pytest
+    with an empty configuration (no ``anyio_mode = "auto"``: each async test needs its
+    ``@pytest.mark.anyio``). A block that starts with ``# conftest.py`` is the conftest,
+    a block with tests a test module; any other block is a fragment that must parse
+    (``await`` allowed at its top level, as in a test body)."""
+    for package in ("trio", "uvloop", "trustme"):
+        pytest.importorskip(package)
+    page = (DOCS / "guides" / "testing.md").read_text()
+    blocks = re.findall(r"^```python\n(.*?)^```$", page, flags=re.MULTILINE | re.DOTALL)
+    tests: list[str] = []
+    for i, block in enumerate(blocks):
+        if block.startswith("# conftest.py\n"):
+            (tmp_path / "conftest.py").write_text(block)
+        elif re.search(r"^(async )?def test_", block, flags=re.MULTILINE):
+            (tmp_path / f"test_guide_{i}.py").write_text(block)
+            tests += re.findall(r"^(?:async )?def (test_\w+)", block, flags=re.MULTILINE)
+        else:
+            compile(block, f"testing.md block {i}", "exec", flags=ast.PyCF_ALLOW_TOP_LEVEL_AWAIT)
+    assert (tmp_path / "conftest.py").exists()
+    assert "test_rejects_a_peer_speaking_http" in tests
+    assert "test_echo_over_tls" in tests
+    (tmp_path / "pytest.ini").write_text("[pytest]\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(DOCS.parent), env.get("PYTHONPATH", "")])
+    command = [sys.executable, "-m", "pytest", "-c", "pytest.ini", "--rootdir", "."]
+    command += ["-p", "anyio", "-p", "no:cacheprovider", "-W", "error", "-q"]
+    command += ["--junitxml", "report.xml"]
+    result = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=150, check=False
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    cases = list(ElementTree.parse(tmp_path / "report.xml").iter("testcase"))
+    assert not [c.get("name") for c in cases if len(c)], result.stdout  # failed or skipped
+    expected = {f"{test}[{backend}]" for test in tests for backend in GUIDE_BACKENDS}
+    assert {c.get("name") for c in cases} == expected
 
 
 def _case(system: str, backend: str, size: int, concurrency: int, **figures: object) -> dict:
