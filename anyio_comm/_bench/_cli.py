@@ -33,6 +33,7 @@ from ._common import (
     allowed_cpus,
     check_backend,
     format_size,
+    install_hint,
     one_line,
     parse_size,
     run_on,
@@ -206,8 +207,7 @@ def configure(args: argparse.Namespace) -> Config:
             )
         if args.tls and importlib.util.find_spec("trustme") is None:
             raise UsageError(
-                "--tls without ADDRESS makes certificates with trustme: "
-                "pip install 'anyio-comm[bench]'"
+                f"--tls without ADDRESS makes certificates with trustme: {install_hint('bench')}"
             )
     else:
         scheme = _scheme(args.address)
