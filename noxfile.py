@@ -1,5 +1,5 @@
 """Sessions: ``nox`` runs tests (Python 3.10-3.13), tests_system_python, tests_asyncio_only,
-tests_dask, lint, typecheck, docs.
+tests_dask, lint, typecheck, docs, package.
 
 A Python version that is not installed is skipped, unless the environment variable ``CI``
 is set to ``true`` (as CI and ``.ci/run`` do): then every version of the matrix must run.
@@ -10,8 +10,11 @@ the backpressure and many-connection soak runs.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
+import tarfile
+from pathlib import Path
 
 import nox
 
@@ -29,6 +32,7 @@ nox.options.sessions = [
     "lint",
     "typecheck",
     "docs",
+    "package",
 ]
 #: the distributed release the dask backend is tested against
 DISTRIBUTED = "distributed==2026.8.0"
@@ -123,6 +127,53 @@ def docs(session: nox.Session) -> None:
     session.run(
         "sphinx-build", "-W", "-n", "--keep-going", "-b", "html", "docs", "docs/_build/html"
     )
+
+
+#: a line of build output that reports a problem: setuptools' "warning: ..." lines and
+#: *Warning categories, and validate-pyproject's advice on entry-point names
+BUILD_WARNING = re.compile(r"(?i:\bwarning\b)|Warning\b|does not follow recommended")
+
+
+@nox.session(python="3.11")
+def package(session: nox.Session) -> None:
+    """Build the sdist and the wheel, with no warning; install the wheel, then collect the
+    test suite in the unpacked sdist: every test module must import from what it holds."""
+    session.install("build")
+    dist = Path(session.create_tmp()) / "dist"
+    shutil.rmtree(dist, ignore_errors=True)
+    # setuptools reads the file list of an earlier build back from the egg-info: start
+    # without it, so that the sdist holds what MANIFEST.in takes now and nothing else
+    shutil.rmtree("anyio_comm.egg-info", ignore_errors=True)
+    # PYTHONDONTWRITEBYTECODE makes setuptools warn that it skips byte-compiling
+    output = session.run(
+        "python",
+        "-m",
+        "build",
+        "--outdir",
+        str(dist),
+        silent=True,
+        env={"PYTHONDONTWRITEBYTECODE": None},
+    )
+    warnings = [line for line in str(output).splitlines() if BUILD_WARNING.search(line)]
+    if warnings:
+        session.error("the build warned:\n" + "\n".join(warnings))
+    (sdist,) = dist.glob("anyio_comm-*.tar.gz")
+    (wheel,) = dist.glob("anyio_comm-*.whl")
+    session.install(f"{wheel}[test]")
+    with tarfile.open(sdist) as archive:
+        archive.extractall(dist, filter="data")
+    with session.chdir(dist / sdist.name.removesuffix(".tar.gz")):
+        output = session.run(
+            "python",
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            silent=True,
+        )
+    session.log(str(output).strip().splitlines()[-1])
 
 
 @nox.session(python="3.11")

@@ -8,14 +8,17 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
+import importlib.util
 import sys
 import time
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from . import Comm, connect, listen
+from . import Comm, __version__, connect, listen
 from ._bench import OneLineParser, add_parsers, bench_main, serve_main
+from ._bench._common import install_hint
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -73,30 +76,88 @@ async def demo(address: str, backend: str, rounds: int, megabytes: int) -> None:
     print("  listener closed; done")
 
 
+DESCRIPTION = """\
+Fast, structured-concurrency message transport on asyncio, uvloop and trio.
+
+  demo   an echo listener and client in one process, with a short report
+  bench  an echo benchmark: client processes against a local or remote server
+  serve  the echo server for 'anyio-comm bench ADDRESS', between two hosts
+
+'anyio-comm COMMAND --help' describes each command's options."""
+
+
+def version() -> str:
+    """The installed distribution's version, or the package's own where it is not
+    installed (run from a clone)."""
+    try:
+        return importlib.metadata.version("anyio-comm")
+    except importlib.metadata.PackageNotFoundError:
+        return __version__
+
+
+def missing_backends() -> list[str]:
+    """The optional backends whose package is not installed."""
+    return [b for b in ("uvloop", "trio") if importlib.util.find_spec(b) is None]
+
+
+def parser() -> argparse.ArgumentParser:
+    """The parser of ``anyio-comm`` and its commands."""
+    top = OneLineParser(
+        prog="anyio-comm",
+        description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    top.add_argument("--version", action="version", version=f"anyio-comm {version()}")
+    commands = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    demo_parser = commands.add_parser(
+        "demo",
+        help="run an echo server and client, report",
+        description="Run an echo listener and a client in one process on each backend "
+        "and report what travelled: a message, 1 KB round trips, a large out-of-band "
+        "payload. Backends that are not installed are skipped.",
+    )
+    add = demo_parser.add_argument
+    add(
+        "--backend",
+        choices=(*BACKENDS, "all"),
+        default="all",
+        help="event loop to run on (default: all, those installed)",
+    )
+    add("--address", default="tcp://127.0.0.1:0", help="listen address (tcp://127.0.0.1:0)")
+    add("--rounds", type=int, default=2000, help="1 KB round trips to time (2000)")
+    add("--megabytes", type=int, default=50, help="size of the out-of-band payload (50)")
+    add_parsers(commands)
+    return top
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m anyio_comm``."""
-    parser = OneLineParser(
-        prog="anyio-comm", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
-    demo_parser = commands.add_parser("demo", help="run an echo server and client, report")
-    demo_parser.add_argument("--backend", choices=(*BACKENDS, "all"), default="all")
-    demo_parser.add_argument("--address", default="tcp://127.0.0.1:0")
-    demo_parser.add_argument("--rounds", type=int, default=2000)
-    demo_parser.add_argument("--megabytes", type=int, default=50)
-    add_parsers(commands)
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     if args.command == "bench":
         return bench_main(args, argv)
     if args.command == "serve":
         return serve_main(args)
 
-    backends = BACKENDS if args.backend == "all" else (args.backend,)
+    missing = missing_backends()
+    if args.backend in missing:
+        print(
+            f"anyio-comm demo: error: --backend {args.backend} needs the {args.backend} "
+            f"package: {install_hint(args.backend)}",
+            file=sys.stderr,
+        )
+        return 2
+    if args.backend == "all":
+        backends = tuple(b for b in BACKENDS if b not in missing)
+        if missing:
+            print(
+                f"anyio-comm demo: skipping {' and '.join(missing)} (not installed; "
+                f"{install_hint(*missing)})",
+                flush=True,
+            )
+    else:
+        backends = (args.backend,)
     for backend in backends:
-        try:
-            run(lambda b=backend: demo(args.address, b, args.rounds, args.megabytes), backend)
-        except ModuleNotFoundError as exc:
-            print(f"skipping {backend}: {exc} (pip install 'anyio-comm[{backend}]')")
+        run(lambda b=backend: demo(args.address, b, args.rounds, args.megabytes), backend)
     return 0
 
 

@@ -96,7 +96,7 @@ class Options:
             it on. Frames of 64 KiB and more whose sample compresses to 90 % or
             less are sent compressed and decompressed straight into their
             buffer; the receiver's limits apply to their decompressed size.
-            Needs the ``cramjam`` package (``pip install "anyio-comm[lz4]"``).
+            Needs the ``cramjam`` package (the ``lz4`` or ``zstd`` extra).
         keepalive: for TCP (and TLS) connections, turn on TCP keepalive so that
             a peer that vanished without a word (host down, network cut) is
             detected in about this many seconds of silence; on Linux, also

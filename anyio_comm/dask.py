@@ -1,8 +1,9 @@
 """dask.distributed on anyio-comm: the ``anyio+tcp://`` and ``anyio+tls://`` comm backends.
 
-Installed with ``pip install "anyio-comm[dask]"``, registered through the
-``distributed.comm.backends`` entry-point group, so dask finds them by scheme in
-every process (Nanny-spawned workers included) with nothing imported by hand::
+Installed with the ``dask`` extra (``pip install ".[dask]"`` from a clone of the
+repository), registered through the ``distributed.comm.backends`` entry-point group,
+so dask finds them by scheme in every process (Nanny-spawned workers included) with
+nothing imported by hand::
 
     from distributed import Client, LocalCluster
     cluster = LocalCluster(protocol="anyio+tcp", host="127.0.0.1")

@@ -9,9 +9,11 @@ present and consistent with each other (never how fast anything is).
 from __future__ import annotations
 
 import importlib.util
+import io
 import json
 import os
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -20,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from anyio_comm._bench._cli import Progress
 from anyio_comm._bench._common import format_size, parse_size
 
 from .conftest import needs
@@ -269,7 +272,7 @@ def test_missing_packages_are_usage_errors(monkeypatch: pytest.MonkeyPatch, caps
     )
     assert main(["bench", "--tls"]) == 2
     err = capsys.readouterr().err
-    assert "trustme" in err and "anyio-comm[bench]" in err and len(err.splitlines()) == 1
+    assert "trustme" in err and 'pip install ".[bench]"' in err and len(err.splitlines()) == 1
     assert main(["bench", "--backend", "uvloop"]) == 2
     assert "needs the uvloop package" in capsys.readouterr().err
 
@@ -290,3 +293,97 @@ def test_a_process_that_dies_is_named() -> None:
             gather([member], time.monotonic() + TIMEOUT)
     finally:
         stop(member, terminate=True)
+
+
+def _run_on_terminal(*args: str) -> tuple[int, str]:
+    """Run the command with its output on a pseudo-terminal; its exit status and output."""
+    pty = pytest.importorskip("pty")
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen(
+        _command(*args),
+        stdin=subprocess.DEVNULL,
+        stdout=terminal,
+        stderr=terminal,
+        env=_env(),
+        cwd=ROOT,
+    )
+    os.close(terminal)
+    chunks = []
+    deadline = time.monotonic() + TIMEOUT
+    try:
+        while True:
+            ready, _, _ = select.select([controller], [], [], deadline - time.monotonic())
+            if not ready:
+                pytest.fail(f"{proc.args} did not finish within {TIMEOUT} s: {chunks}")
+            try:
+                chunk = os.read(controller, 65536)
+            except OSError:  # EIO: every process holding the terminal exited
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        return proc.wait(TIMEOUT), b"".join(chunks).decode()
+    finally:
+        os.close(controller)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def test_bench_shows_the_address_and_its_progress() -> None:
+    code, out = _run_on_terminal("bench", "--seconds", "1.5", "--warmup", "0.3", "-c", "2")
+    assert code == 0, out
+    address = r"^anyio-comm bench: server tcp://127\.0\.0\.1:\d+ \(local process, asyncio\)\r$"
+    assert re.search(address, out, re.MULTILINE), out
+    # one line rewritten in place (the terminal shows "\n" as "\r\n"), then cleared
+    updates = re.findall(r"\r(anyio-comm bench: +[\d.]+ of 1\.[89] s, [^\r\n]*?) *(?=\r)", out)
+    rate = r", ([\d,]+) requests, [\d,]+ requests/s so far$"
+    assert all(u.endswith(", warming up") or re.search(rate, u) for u in updates), updates
+    counts = [int(m.group(1).replace(",", "")) for u in updates if (m := re.search(rate, u))]
+    assert counts and max(counts) > 0, updates
+    assert re.search(r"\r +\rserver: ", out), out
+    assert "requests/s" in out.partition("\rserver: ")[2]
+
+
+def test_progress_lines_when_not_on_a_terminal() -> None:
+    out = io.StringIO()
+    now = [100.0]
+    live = [0.0, 0.0, 0.0, 0.0]  # two processes: count, then seconds of window
+    progress = Progress(out, live, 100.0, (101.0, 121.0), tty=False, clock=lambda: now[0])
+    for t, published in [
+        (100.5, [0, 0, 0, 0]),
+        (105.0, [4000, 4.0, 2000, 4.0]),  # both published at 4 s into the window
+        (107.0, [6000, 6.0, 3000, 6.0]),
+        (110.2, [9000, 9.2, 4000, 8.0]),  # the second is one publication behind
+        (121.5, [20000, 20.0, 10000, 20.0]),
+    ]:
+        now[0] = t
+        live[:] = published
+        progress.update()
+    progress.close()
+    assert out.getvalue().splitlines() == [
+        "anyio-comm bench:   5.0 of 21.0 s, 6,000 requests, 1,500 requests/s so far",
+        "anyio-comm bench:  10.2 of 21.0 s, 13,000 requests, 1,478 requests/s so far",
+        "anyio-comm bench:  21.0 of 21.0 s, 30,000 requests, 1,500 requests/s so far",
+    ]
+
+
+def test_progress_line_on_a_terminal() -> None:
+    out = io.StringIO()
+    now = [100.0]
+    live = [0.0, 0.0]
+    progress = Progress(out, live, 100.0, (100.5, 101.5), tty=True, clock=lambda: now[0])
+    for t, published in [
+        (100.0, [0, 0]),
+        (100.2, [0, 0]),
+        (100.6, [900, 0.1]),
+        (101.1, [5000, 0.5]),
+    ]:
+        now[0] = t
+        live[:] = published
+        progress.update()
+    progress.close()
+    first = "anyio-comm bench:   0.0 of 1.5 s, warming up"
+    second = "anyio-comm bench:   0.6 of 1.5 s, 900 requests, 9,000 requests/s so far"
+    third = "anyio-comm bench:   1.1 of 1.5 s, 5,000 requests, 10,000 requests/s so far"
+    assert out.getvalue() == (f"\r{first}\r{second}\r{third}\r{' ' * len(third)}\r")

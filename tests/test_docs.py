@@ -1,4 +1,4 @@
-"""The docs' generated parts match their sources."""
+"""The docs' generated parts match their sources; no install line needs a package index."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ import pytest
 
 from benchmarks.render import render
 
-DOCS = Path(__file__).parents[1] / "docs"
+ROOT = Path(__file__).parents[1]
+DOCS = ROOT / "docs"
 
 
 def test_performance_tables_are_generated_from_the_committed_run() -> None:
@@ -235,3 +236,24 @@ def test_every_public_name_is_in_the_reference() -> None:
         for name in module.__all__:
             if name != "__version__":
                 assert f"{module.__name__}.{name}" in reference, name
+
+
+#: ``pip install`` of the distribution by name, which only a package index could serve
+#: (``pip install anyio-comm``, ``pip install 'anyio-comm[dask]'``); the package is
+#: installed from a clone (``pip install ".[dask]"``) or from a wheel file, whose name
+#: goes on with the version (``anyio_comm-0.1.0-py3-none-any.whl``)
+INDEX_INSTALL = re.compile(r"""pip3? install (?:-\S+ )*["']?anyio[-_]comm\b(?!-[\d*])""")
+#: every text that may tell a user how to install: docs sources, README, code and examples
+TEXTS = sorted(
+    path.relative_to(ROOT).as_posix()
+    for pattern in ("README.md", "docs/**/*.md", "anyio_comm/**/*.py", "examples/*.py")
+    for path in ROOT.glob(pattern)
+    if "_build" not in path.parts
+)
+
+
+@pytest.mark.parametrize("name", TEXTS)
+def test_no_install_line_needs_a_package_index(name: str) -> None:
+    text = (ROOT / name).read_text(encoding="utf-8")
+    lines = [line.strip() for line in text.splitlines() if INDEX_INSTALL.search(line)]
+    assert not lines, f"{name}: the package is on no index; say pip install . from a clone"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
 import importlib.metadata
 import importlib.util
 import json
@@ -16,7 +17,7 @@ import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from multiprocessing.connection import wait as wait_for
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 from .. import __version__
 from .._addressing import parse_address
@@ -33,6 +34,7 @@ from ._common import (
     allowed_cpus,
     check_backend,
     format_size,
+    install_hint,
     one_line,
     parse_size,
     run_on,
@@ -40,12 +42,14 @@ from ._common import (
 from ._server import serve_command, server_process
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from multiprocessing.connection import Connection
     from multiprocessing.process import BaseProcess
 
 STARTUP_TIMEOUT = 60.0  # seconds for the processes to start, import and connect
 STOP_TIMEOUT = 10.0  # seconds for a process to exit once told to
+PROGRESS_TTY_EVERY = 0.5  # seconds between rewrites of the progress line on a terminal
+PROGRESS_LOG_EVERY = 5.0  # seconds between progress lines when the output is not a terminal
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -206,8 +210,7 @@ def configure(args: argparse.Namespace) -> Config:
             )
         if args.tls and importlib.util.find_spec("trustme") is None:
             raise UsageError(
-                "--tls without ADDRESS makes certificates with trustme: "
-                "pip install 'anyio-comm[bench]'"
+                f"--tls without ADDRESS makes certificates with trustme: {install_hint('bench')}"
             )
     else:
         scheme = _scheme(args.address)
@@ -273,9 +276,16 @@ def start(ctx: Any, name: str, target: Any, *args: Any) -> Member:
     return Member(name, process, parent)
 
 
-def gather(members: list[Member], deadline: float, watch: Sequence[Member] = ()) -> list[Any]:
+def gather(
+    members: list[Member],
+    deadline: float,
+    watch: Sequence[Member] = (),
+    tick: Callable[[], None] | None = None,
+) -> list[Any]:
     """The next message of each member, in order; raise :exc:`RunError` if one reports an
-    error, if one (or a watched process) dies, or at ``deadline`` (``time.monotonic``)."""
+    error, if one (or a watched process) dies, or at ``deadline`` (``time.monotonic``).
+    ``tick`` is called at least every 0.25 s meanwhile (it shows the progress)."""
+    poll = 1.0 if tick is None else 0.25
     pending = {id(m): m for m in members}
     got: dict[int, Any] = {}
     while pending:
@@ -285,7 +295,9 @@ def gather(members: list[Member], deadline: float, watch: Sequence[Member] = ())
             raise RunError(f"no answer in time from the {names}")
         handles: list[Any] = [m.conn for m in pending.values()]
         handles += [m.process.sentinel for m in (*pending.values(), *watch)]
-        wait_for(handles, timeout=min(remaining, 1.0))
+        wait_for(handles, timeout=min(remaining, poll))
+        if tick is not None:
+            tick()
         for key, member in list(pending.items()):
             if member.conn.poll():
                 try:
@@ -317,6 +329,65 @@ def stop(member: Member, *, terminate: bool) -> int | None:
     return process.exitcode
 
 
+class Progress:
+    """The progress of a run, on ``out``: the seconds since the load started and, once the
+    window is open, the round trips so far with their rate, read from what the client
+    processes publish in ``live`` (per process: the count, then the seconds of window it
+    took). On a terminal one line is rewritten in place every half second; otherwise a
+    line is written every 5 s."""
+
+    def __init__(
+        self,
+        out: TextIO,
+        live: ctypes.Array[ctypes.c_double] | Sequence[float],
+        start: float,
+        window: tuple[float, float],
+        *,
+        tty: bool | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.out = out
+        self.live = live
+        self.start = start  # wall time at which the load starts (warm-up first)
+        self.window = window  # wall times at which the measured window opens and closes
+        self.tty = out.isatty() if tty is None else tty
+        self.every = PROGRESS_TTY_EVERY if self.tty else PROGRESS_LOG_EVERY
+        self.clock = clock
+        self._next = start if self.tty else start + self.every
+        self._width = 0  # of the line on the terminal
+
+    def line(self, now: float) -> str:
+        """The progress at wall time ``now``, in words."""
+        total = self.window[1] - self.start
+        head = f"anyio-comm bench: {max(0.0, min(now - self.start, total)):5.1f} of {total:.1f} s"
+        if now < self.window[0]:
+            return f"{head}, warming up"
+        counts, spans = self.live[0::2], self.live[1::2]
+        rate = sum(count / span for count, span in zip(counts, spans, strict=True) if span > 0)
+        return f"{head}, {int(sum(counts)):,} requests, {rate:,.0f} requests/s so far"
+
+    def update(self) -> None:
+        """Show the progress, if it is time to."""
+        now = self.clock()
+        if now < self._next:
+            return
+        self._next = now + self.every
+        text = self.line(now)
+        if self.tty:
+            self.out.write("\r" + text.ljust(self._width))
+            self._width = len(text)
+        else:
+            self.out.write(text + "\n")
+        self.out.flush()
+
+    def close(self) -> None:
+        """Clear the line on a terminal, so that what follows starts on a clean line."""
+        if self._width:
+            self.out.write("\r" + " " * self._width + "\r")
+            self.out.flush()
+            self._width = 0
+
+
 async def probe(address: str, tls: ClientTLS | None, timeout: float) -> dict[str, Any]:
     """Connect once as a control client: check the server, return its description."""
     comm, info = await open_comm(address, tls, timeout, "control")
@@ -324,8 +395,10 @@ async def probe(address: str, tls: ClientTLS | None, timeout: float) -> dict[str
     return info
 
 
-def run(config: Config) -> dict[str, Any]:
-    """Run the processes; return the aggregated result."""
+def run(config: Config, out: TextIO | None = None) -> dict[str, Any]:
+    """Run the processes, showing the server's address and the progress on ``out``
+    (standard output by default); return the aggregated result."""
+    out = sys.stdout if out is None else out
     args = config.args
     ctx = multiprocessing.get_context("spawn")
     lifetime = 2 * STARTUP_TIMEOUT + args.warmup + args.seconds + 30
@@ -364,6 +437,10 @@ def run(config: Config) -> dict[str, Any]:
             info = run_on("asyncio", probe, address, client_tls, args.connect_timeout)
         except Exception as exc:
             raise RunError(f"cannot reach a bench server at {address}: {one_line(exc)}") from None
+        where = "remote" if server is None else "local process"
+        print(f"anyio-comm bench: server {address} ({where}, {info.get('backend')})", file=out)
+        out.flush()
+        live = ctx.RawArray(ctypes.c_double, 2 * args.processes)
         watch = [] if server is None else [server]
         for index in range(args.processes):
             spec = ClientSpec(
@@ -380,13 +457,17 @@ def run(config: Config) -> dict[str, Any]:
                 control=index == 0,
                 budget=lifetime,
             )
-            clients.append(start(ctx, f"client process {index}", client_process, spec))
+            clients.append(start(ctx, f"client process {index}", client_process, spec, live))
         gather(clients, time.monotonic() + STARTUP_TIMEOUT, watch)
-        start_at = time.time() + args.warmup + 0.05
+        load_at = time.time()
+        start_at = load_at + args.warmup + 0.05
         for member in clients:
             member.conn.send(("start", start_at, args.seconds))
+        progress = Progress(out, live, load_at, (start_at, start_at + args.seconds))
+        stack.callback(progress.close)
         deadline = time.monotonic() + args.warmup + args.seconds + STARTUP_TIMEOUT
-        results = gather(clients, deadline, watch)
+        results = gather(clients, deadline, watch, progress.update)
+        progress.close()
         for member in clients:
             stop(member, terminate=False)
         server_exit = None if server is None else stop(server, terminate=True)

@@ -16,6 +16,7 @@ from .. import connect
 from ._common import HELLO_KEY, PROTOCOL, ClientTLS, child_process, run_on
 
 if TYPE_CHECKING:
+    import ctypes
     from collections.abc import Sequence
     from multiprocessing.connection import Connection
 
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 MAX_SAMPLES = 1_000_000  # latency samples kept per process (reservoir sampling beyond)
 CHECK_EVERY = 256  # round trips between full checks of the reply's frames
 MAX_REQUESTS = 100_000_000  # per comm: a bound on the loop besides the window's end
+PUBLISH_EVERY = 0.25  # seconds between updates of the live count the parent shows
 
 
 @dataclass(frozen=True)
@@ -122,14 +124,33 @@ async def _sleep_until(when: float) -> None:
     await anyio.sleep(max(0.0, when - time.perf_counter()))
 
 
+async def _publish_until_end(
+    window: Window, live: ctypes.Array[ctypes.c_double], index: int
+) -> None:
+    """Sleep until the window ends; meanwhile, every PUBLISH_EVERY seconds, put the round
+    trips counted so far and the seconds of window they took in ``live[2 * index]`` and
+    ``live[2 * index + 1]``, memory shared with the parent, which shows the progress from
+    them. The round-trip loop itself does nothing more than count."""
+    while True:
+        now = time.perf_counter()
+        live[2 * index] = window.count
+        live[2 * index + 1] = min(now, window.end) - window.start
+        if now >= window.end:
+            return
+        await anyio.sleep(min(PUBLISH_EVERY, window.end - now))
+
+
 async def _server_stats(control: Comm) -> dict[str, Any]:
     await control.send({"op": "stats"})
     stats: dict[str, Any] = await control.receive()
     return stats
 
 
-async def client(conn: Connection, spec: ClientSpec) -> dict[str, Any]:
-    """Connect, report ready, wait for the start time, run the load, return the counts."""
+async def client(
+    conn: Connection, spec: ClientSpec, live: ctypes.Array[ctypes.c_double]
+) -> dict[str, Any]:
+    """Connect, report ready, wait for the start time, run the load (publishing its count
+    in ``live`` as it goes), return the counts."""
     with anyio.fail_after(spec.budget):
         async with contextlib.AsyncExitStack() as stack:
             comms = []
@@ -159,7 +180,7 @@ async def client(conn: Connection, spec: ClientSpec) -> dict[str, Any]:
                 cpu0 = time.process_time()
                 if control is not None:
                     marks.append(await _server_stats(control))
-                await _sleep_until(window.end)
+                await _publish_until_end(window, live, spec.index)
                 cpu1 = time.process_time()
                 if control is not None:
                     marks.append(await _server_stats(control))
@@ -173,10 +194,13 @@ async def client(conn: Connection, spec: ClientSpec) -> dict[str, Any]:
     }
 
 
-def client_process(conn: Connection, spec: ClientSpec) -> None:
+def client_process(
+    conn: Connection, spec: ClientSpec, live: ctypes.Array[ctypes.c_double]
+) -> None:
     """Entry point of a client process: sends ``("ready", server_info)``, waits for
     ``("start", wall_time, seconds)``, then sends ``("result", counts)`` or
-    ``("error", one_line)``. Ctrl-C is left to the parent, which stops the children."""
+    ``("error", one_line)``; during the window it keeps its count so far in ``live`` (see
+    :func:`_publish_until_end`). Ctrl-C is left to the parent, which stops the children."""
     with child_process(conn, spec.cpu):
-        result = run_on(spec.backend, client, conn, spec)
+        result = run_on(spec.backend, client, conn, spec, live)
         conn.send(("result", result))

@@ -46,12 +46,18 @@ def run_on(backend: str, func: Any, *args: Any) -> Any:
     return anyio.run(func, *args, backend=backend)
 
 
+def install_hint(*extras: str) -> str:
+    """The command that installs ``extras``: the package is installed from a clone of its
+    repository (it is not on a package index)."""
+    return f'pip install ".[{",".join(extras)}]" from a clone of the repository'
+
+
 def check_backend(backend: str) -> None:
     """Raise :exc:`UsageError` when ``backend`` is not installed."""
     if backend in ("uvloop", "trio") and importlib.util.find_spec(backend) is None:
         raise UsageError(
-            f"--backend {backend} needs the {backend} package "
-            "(pip install 'anyio-comm[bench]' installs trio, uvloop and trustme)"
+            f"--backend {backend} needs the {backend} package: {install_hint('bench')} "
+            "installs trio, uvloop and trustme"
         )
 
 

@@ -68,7 +68,8 @@ def _cramjam() -> Any:
         import cramjam  # (optional: imported when compression is used)
     except ImportError:
         raise ImportError(
-            "compression needs the cramjam package: pip install 'anyio-comm[lz4]' (or [zstd])"
+            "compression needs the cramjam package: pip install cramjam, or, from a clone "
+            'of the repository, pip install ".[lz4]"'
         ) from None
     return cramjam
 
