@@ -7,6 +7,7 @@ import itertools
 import math
 import os
 import random
+import re
 import socket
 import ssl
 from typing import TYPE_CHECKING, Any, Final
@@ -24,11 +25,13 @@ from ._addressing import (
     parse_address,
 )
 from ._comm import Comm, establish
+from ._exceptions import RemoteProtocolError
 from ._inproc import connect_inproc
 from ._options import Options, OptionsKeywords, check_seconds, resolve_options
+from ._sansio.wire import MAGIC
 from ._transports.rawsocket import SocketTransport
 from ._transports.stream import StreamTransport
-from ._transports.tls import TLSTransport
+from ._transports.tls import TLSTransport, looks_like_tls_record
 
 if TYPE_CHECKING:
     from anyio.abc import ByteStream
@@ -297,6 +300,51 @@ def _check_delay(delay: float) -> None:
         raise ValueError(f"happy_eyeballs_delay must not be negative, not {delay!r}")
 
 
+#: where in CPython's sources an ``ssl.SSLError`` was made, at the end of its message
+_SSL_SOURCE: Final = re.compile(r"\s*\(_ssl\.c:\d+\)$")
+
+
+def not_tls_hint(first_bytes: bytes, role: str) -> str:
+    """What the bytes a peer sent instead of TLS say about it, for an error message
+    (``role``: what the peer is, "listener" or "client"); "" when they may begin a
+    TLS record, or nothing came: no evidence then."""
+    if not first_bytes or looks_like_tls_record(first_bytes):
+        return ""
+    if len(first_bytes) >= 4 and first_bytes[: len(MAGIC)] == MAGIC[: len(first_bytes)]:
+        what = f"the anyio-comm preamble in plain text, as a tcp:// {role} does"
+    else:
+        what = repr(first_bytes)
+    return f"the peer does not speak TLS: it sent {what}"
+
+
+def _tls_with_address(exc: ssl.SSLError, address: str, first_bytes: bytes) -> ssl.SSLError:
+    """The same TLS error (its class, ``reason``, ``library``, ``verify_code``,
+    ``verify_message``), its message naming the address, and saying so when the
+    peer does not speak TLS at all."""
+    text = _SSL_SOURCE.sub("", exc.strerror if isinstance(exc.strerror, str) else str(exc))
+    message = f"{text} (TLS handshake with {address})"
+    hint = not_tls_hint(first_bytes, "listener")
+    if hint:
+        message += f": {hint}"
+    clear = type(exc)(exc.errno, message)
+    clear.__dict__.update(exc.__dict__)
+    return clear.with_traceback(exc.__traceback__)
+
+
+def _handshake_with_address(
+    exc: RemoteProtocolError | BrokenResourceError, address: str
+) -> RemoteProtocolError | BrokenResourceError:
+    """The same handshake error, its message naming the address."""
+    message = f"{str(exc) or 'the connection failed'} (handshake with {address})"
+    if isinstance(exc, RemoteProtocolError):
+        clear: RemoteProtocolError | BrokenResourceError = RemoteProtocolError(
+            message, rule=exc.rule
+        )
+    else:
+        clear = BrokenResourceError(message)
+    return clear.with_traceback(exc.__traceback__)
+
+
 def _retry_delay(attempt: int) -> float:
     """Exponential backoff with jitter: half the nominal delay, plus up to half again."""
     nominal = min(RETRY_MAX_DELAY, RETRY_FIRST_DELAY * 2.0 ** min(attempt, 20))
@@ -368,7 +416,11 @@ async def connect(
             ``ssl_context`` missing for ``tls://`` (or given for another scheme).
         TypeError: an unknown keyword, or an option of the wrong type.
         ssl.SSLError: the TLS handshake failed; ``ssl.SSLCertVerificationError``
-            for an untrusted or expired certificate or a hostname mismatch.
+            for an untrusted or expired certificate or a hostname mismatch. The
+            message names the address (``... (TLS handshake with
+            tls://host:port)``), and says so when the peer does not speak TLS
+            (a ``tcp://`` listener); OpenSSL's ``reason``, ``library``,
+            ``verify_code`` and ``verify_message`` are kept.
         TimeoutError: ``timeout`` expired (with ``retry``, its ``__cause__``
             is the error of the last attempt), or a handshake took longer than
             ``handshake_timeout``.
@@ -378,8 +430,13 @@ async def connect(
             ``inproc://`` name with no listener), ``FileNotFoundError`` (no
             ``unix://`` socket file), ``OSError`` with ``errno.ENETUNREACH`` or
             ``errno.EHOSTUNREACH`` (no route).
-        RemoteProtocolError: the peer does not speak anyio-comm.
-        anyio.BrokenResourceError: the connection failed during the handshake.
+        RemoteProtocolError: the peer does not speak anyio-comm; the message
+            names the address, and says so when the peer speaks TLS (a
+            ``tls://`` listener).
+        anyio.BrokenResourceError: the connection failed during the handshake
+            (the message names the address); also a TLS 1.3 server's alert
+            rejecting our certificate, with the ``ssl.SSLError`` as its
+            ``__cause__``.
     """
     parsed = parse_address(address)
     check_connectable(parsed)
@@ -470,6 +527,16 @@ async def _connect_once(
         return await establish(
             transport, options, local_address=local, peer_address=peer, early_data=early_data
         )
+    except ssl.SSLError as exc:
+        transport.abort()
+        first = transport.peer_first_bytes if isinstance(transport, TLSTransport) else b""
+        raise _tls_with_address(exc, address, first) from None
+    except (RemoteProtocolError, BrokenResourceError) as exc:
+        transport.abort()
+        if type(exc) not in (RemoteProtocolError, BrokenResourceError):
+            raise
+        # (a TLS alert after the handshake stays the cause: connect() does not retry it)
+        raise _handshake_with_address(exc, address) from exc.__cause__
     except BaseException:
         transport.abort()
         raise

@@ -57,6 +57,7 @@ from ._sansio.errors import (
     ProtocolError,
     RemoteProtocolError,
     SerializationError,
+    set_public_module,
 )
 
 if TYPE_CHECKING:
@@ -150,3 +151,14 @@ class PeerClosedError(PeerClosed, BrokenResourceError):
     a message may have been lost. Also raised by a send after the peer closed
     (whatever its reason: nothing more can be delivered).
     """
+
+
+set_public_module(
+    "anyio_comm",
+    IdleTimeoutError,
+    MessageTimeoutError,
+    ReceiveBudgetError,
+    PeerClosed,
+    PeerClosedOK,
+    PeerClosedError,
+)

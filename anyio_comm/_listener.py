@@ -37,6 +37,7 @@ import errno
 import logging
 import os
 import socket
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Final
@@ -64,7 +65,7 @@ from ._addressing import (
 )
 from ._comm import Comm, IdleHook, establish
 from ._compat import Unpack, final
-from ._connect import configure_socket, resolve_tcp
+from ._connect import configure_socket, not_tls_hint, resolve_tcp
 from ._exceptions import ProtocolError, RemoteProtocolError
 from ._inproc import register, unregister
 from ._options import Options, OptionsKeywords, resolve_options
@@ -75,8 +76,6 @@ from ._transports.stream import StreamTransport
 from ._transports.tls import TLSTransport
 
 if TYPE_CHECKING:
-    import ssl
-
     from anyio.abc import TaskGroup, TaskStatus
 
     from ._compat import Unpack
@@ -409,7 +408,10 @@ class _Server:
             )
         except _HANDSHAKE_ERRORS as exc:
             transport.abort()
-            logger.debug("handshake with %s failed: %r", peer, exc)
+            hint = ""
+            if isinstance(exc, ssl.SSLError) and isinstance(transport, TLSTransport):
+                hint = not_tls_hint(transport.peer_first_bytes, "client")
+            logger.debug("handshake with %s failed: %r%s", peer, exc, hint and f"; {hint}")
             return
         except BaseException:
             transport.abort()

@@ -439,7 +439,8 @@ class AnyioTCPConnector(Connector, RequireEncryptionMixin):
                 "More info at https://distributed.dask.org/en/latest/tls.html"
             ) from exc
         except ssl.SSLError as exc:
-            raise FatalCommClosedError(f"TLS handshake with {name} failed: {exc}") from exc
+            # (its message names the address)
+            raise FatalCommClosedError(f"TLS handshake failed: {exc}") from exc
         except anyio_comm.RemoteProtocolError as exc:
             raise FatalCommClosedError(f"{name} does not speak anyio-comm: {exc}") from exc
         except BrokenResourceError as exc:

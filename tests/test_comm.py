@@ -399,6 +399,17 @@ async def test_serialization_error_sends_nothing(kind: str) -> None:
         assert await server.receive() == "fine"
 
 
+async def test_int_out_of_range_is_named(kind: str) -> None:
+    """Comm.send of an int msgpack cannot encode says which and why; nothing is sent."""
+    async with connected_pair(kind) as (client, server):
+        with pytest.raises(SerializationError, match=r"^int 18446744073709551616 is out of "):
+            await client.send({"n": 2**64})
+        with pytest.raises(SerializationError, match=r"range \[-2\*\*63, 2\*\*64-1\]$"):
+            await client.send([-(2**63) - 1])
+        await client.send(2**64 - 1)
+        assert await server.receive() == 2**64 - 1
+
+
 async def test_peer_limits_checked_before_sending(kind: str) -> None:
     async with connected_pair(kind, limits=Limits(max_frame_size=1000)) as (client, server):
         assert client.peer_handshake.limits.max_frame_size == 1000

@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import inspect
+import pickle
+import subprocess
+import sys
+import traceback
+import typing
 
 import anyio
 import pytest
@@ -70,3 +75,74 @@ def test_async_public_functions_document_what_they_raise() -> None:
         assert issubclass(cls, rpc.RPCError) and issubclass(cls, anyio_comm.CommError)
     assert issubclass(rpc.InvalidArgumentsError, TypeError)
     assert issubclass(rpc.DeadlineExceededError, TimeoutError)
+
+
+def exported_exceptions() -> list[tuple[str, type[BaseException]]]:
+    """``(public module, class)`` for every exception class the package exports."""
+    return [
+        (module.__name__, obj)
+        for module in MODULES
+        for obj in (getattr(module, name) for name in module.__all__)
+        if inspect.isclass(obj) and issubclass(obj, BaseException)
+    ]
+
+
+def example(cls: type[BaseException]) -> BaseException:
+    """An instance of ``cls`` with its attributes set."""
+    if issubclass(cls, anyio_comm.rpc.RPCError):
+        return cls("add", "ValueError", "bad number")
+    if issubclass(cls, anyio_comm.PeerClosed):
+        return cls(anyio_comm.CloseReason(anyio_comm.CloseCode.IDLE_TIMEOUT, "idle", "quiet"))
+    if cls is anyio_comm.RemoteProtocolError:
+        return cls("bad header", rule="max_frames")
+    return cls("what went wrong")
+
+
+def test_exported_exceptions_name_their_public_module() -> None:
+    """``anyio_comm.SerializationError``, not ``anyio_comm._sansio.errors.SerializationError``:
+    in tracebacks, reprs of the class and the docs; the name leads back to the class."""
+    exceptions = exported_exceptions()
+    assert len(exceptions) == 19  # 11 in anyio_comm, 8 in anyio_comm.rpc
+    for module, cls in exceptions:
+        assert cls.__module__ == module, cls
+        assert getattr(sys.modules[module], cls.__qualname__) is cls
+        assert repr(cls) == f"<class '{module}.{cls.__qualname__}'>"
+        typing.get_type_hints(cls)  # its annotations resolve where it says it lives
+    try:
+        raise anyio_comm.SerializationError("cannot serialize object of type 'set'")
+    except anyio_comm.SerializationError:
+        text = traceback.format_exc()
+    assert text.endswith(
+        "\nanyio_comm.SerializationError: cannot serialize object of type 'set'\n"
+    ), text
+
+
+@pytest.mark.parametrize(
+    ("module", "cls"), exported_exceptions(), ids=lambda v: getattr(v, "__name__", None)
+)
+def test_exported_exceptions_pickle(module: str, cls: type[BaseException]) -> None:
+    """The class and its instances round-trip (pickle looks up module.qualname)."""
+    assert pickle.loads(pickle.dumps(cls)) is cls
+    if cls is anyio_comm.ProtocolError:
+        return  # abstract
+    error = example(cls)
+    copy = pickle.loads(pickle.dumps(error))
+    assert type(copy) is cls
+    assert copy.args == error.args and str(copy) == str(error)
+    assert vars(copy) == vars(error)  # rule, reason, method, remote_type, ...
+
+
+def test_exported_exceptions_unpickle_in_a_fresh_interpreter() -> None:
+    """Where nothing has imported them yet: the package imports them on first use."""
+    concrete = [cls for _, cls in exported_exceptions() if cls is not anyio_comm.ProtocolError]
+    data = pickle.dumps([example(cls) for cls in concrete])
+    code = (
+        "import pickle, sys\n"
+        f"errors = pickle.loads({data!r})\n"
+        "print(' '.join(f'{type(e).__module__}.{type(e).__qualname__}' for e in errors))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == [f"{cls.__module__}.{cls.__qualname__}" for cls in concrete]

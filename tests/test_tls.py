@@ -6,6 +6,7 @@ Every test runs on TLS 1.2 and TLS 1.3 (the ``tls_version`` fixture) and, throug
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import ssl
@@ -275,10 +276,21 @@ async def test_certificate_verification_failures(
 
     server_ctx = server_context(tls_version, cert=cert)
     async with anyio_comm.listen("tls://127.0.0.1:0", echo, ssl_context=server_ctx) as listener:
-        with anyio.fail_after(10), pytest.raises(ssl.SSLCertVerificationError):
+        with anyio.fail_after(10), pytest.raises(ssl.SSLCertVerificationError) as caught:
             await anyio_comm.connect(listener.address, ssl_context=bad_client, timeout=10)
         await wait_for_debug_log(caplog)
         await assert_round_trip(listener.address, good_client, **good_kwargs)
+    # The message names the address; OpenSSL's fields are all there.
+    error = caught.value
+    assert str(error).endswith(f" (TLS handshake with {listener.address})"), str(error)
+    assert "certificate verify failed" in str(error) and "_ssl.c" not in str(error)
+    assert "does not speak TLS" not in str(error)
+    assert error.reason == "CERTIFICATE_VERIFY_FAILED" and error.library == "SSL"
+    expected_code = {"untrusted-ca": 20, "hostname-mismatch": 64, "expired": 10}[case]
+    assert error.verify_code == expected_code, error.verify_message
+    assert error.verify_message and error.verify_message in str(error)
+    assert error.errno == 1 and error.args == (1, str(error))
+    assert error.__cause__ is None and error.__traceback__ is not None
 
 
 def tls_failure_reason(error: BaseException) -> str:
@@ -315,6 +327,7 @@ async def test_missing_client_certificate_under_mutual_tls(
         error = await connect_and_receive(listener.address, client_context(tls_version))
         reason = tls_failure_reason(error)
         assert "HANDSHAKE_FAILURE" in reason or "CERTIFICATE_REQUIRED" in reason, reason
+        assert f"handshake with {listener.address})" in str(error), str(error)
         await wait_for_debug_log(caplog)
         await assert_round_trip(listener.address, client_context(tls_version, with_cert=True))
 
@@ -336,14 +349,33 @@ async def test_untrusted_client_certificate_alert_reaches_the_client(
         await assert_round_trip(listener.address, client_context(tls_version, with_cert=True))
 
 
-async def test_tls_client_against_plaintext_listener(tls_version: ssl.TLSVersion) -> None:
-    """The plaintext preamble is not a TLS record: SSLError; the tcp:// listener keeps serving."""
+def debug_messages(caplog: LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if r.name == "anyio_comm"]
+
+
+async def test_tls_client_against_plaintext_listener(
+    tls_version: ssl.TLSVersion, caplog: LogCaptureFixture
+) -> None:
+    """The plaintext preamble is not a TLS record: an SSLError whose message names the
+    address and says that the peer sent the anyio-comm preamble in plain text; the
+    tcp:// listener logs that the client speaks TLS, and keeps serving."""
+    caplog.set_level(logging.DEBUG, logger="anyio_comm")
     async with anyio_comm.listen("tcp://127.0.0.1:0", echo) as listener:
         tls_address = listener.address.replace("tcp://", "tls://")
-        with anyio.fail_after(10), pytest.raises(ssl.SSLError):
+        with anyio.fail_after(10), pytest.raises(ssl.SSLError) as caught:
             await anyio_comm.connect(
                 tls_address, ssl_context=client_context(tls_version), timeout=10
             )
+        assert type(caught.value) is ssl.SSLError
+        assert caught.value.reason == "WRONG_VERSION_NUMBER"
+        assert str(caught.value) == (
+            f"[SSL: WRONG_VERSION_NUMBER] wrong version number (TLS handshake with "
+            f"{tls_address}): the peer does not speak TLS: it sent the anyio-comm "
+            "preamble in plain text, as a tcp:// listener does"
+        )
+        await wait_for_debug_log(caplog)
+        (logged,) = debug_messages(caplog)
+        assert "the peer sent a TLS record, it speaks TLS: use a tls://" in logged, logged
         async with await anyio_comm.connect(listener.address, timeout=10) as comm:
             await comm.send("plain")
             assert await comm.receive() == "plain"
@@ -352,15 +384,83 @@ async def test_tls_client_against_plaintext_listener(tls_version: ssl.TLSVersion
 async def test_plaintext_client_against_tls_listener(
     tls_version: ssl.TLSVersion, caplog: LogCaptureFixture
 ) -> None:
-    """A tcp:// client's preamble is not a ClientHello: a protocol or connection error."""
+    """A tcp:// client's preamble is not a ClientHello: the listener answers with a TLS
+    alert, so the client's RemoteProtocolError says that the peer speaks TLS (and
+    names the address); the listener logs that the client sent a plain preamble."""
     caplog.set_level(logging.DEBUG, logger="anyio_comm")
     server_ctx = server_context(tls_version)
     async with anyio_comm.listen("tls://127.0.0.1:0", echo, ssl_context=server_ctx) as listener:
         tcp_address = listener.address.replace("tls://", "tcp://")
-        with anyio.fail_after(10), pytest.raises((RemoteProtocolError, BrokenResourceError)):
+        with anyio.fail_after(10), pytest.raises(RemoteProtocolError) as caught:
             await anyio_comm.connect(tcp_address, timeout=10)
+        assert caught.value.rule == "preamble"
+        assert str(caught.value) == (
+            "peer does not speak the anyio-comm protocol (bad magic: "
+            "b'\\x15\\x03\\x01\\x00\\x02\\x02F'): the peer sent a TLS record, it speaks "
+            f"TLS: use a tls:// address and an ssl_context (handshake with {tcp_address})"
+        )
         await wait_for_debug_log(caplog)
+        (logged,) = debug_messages(caplog)
+        assert "WRONG_VERSION_NUMBER" in logged, logged
+        assert logged.endswith(
+            "; the peer does not speak TLS: it sent the anyio-comm preamble in plain "
+            "text, as a tcp:// client does"
+        ), logged
         await assert_round_trip(listener.address, client_context(tls_version))
+
+
+async def test_not_tls_hints_need_evidence(tls_version: ssl.TLSVersion) -> None:
+    """The hints come from what the peer sent, never from the error alone: a server
+    that answers other bytes is said not to speak TLS (and what it sent is shown,
+    not called a tcp:// listener); one that closes without a byte gets no hint; a
+    plaintext client reading bytes that are not a TLS record gets no TLS hint."""
+
+    async def answer(data: bytes, stream: anyio.abc.SocketStream) -> None:
+        """Send ``data`` (if any), then close once the client's first bytes came."""
+        async with stream:
+            if data:
+                await stream.send(data)
+            with contextlib.suppress(anyio.EndOfStream, BrokenResourceError):
+                await stream.receive()
+
+    ctx = client_context(tls_version)
+    for data in (b"HTTP/1.1 400 Bad Request\r\n\r\n", b""):
+        async with await anyio.create_tcp_listener(local_host="127.0.0.1") as raw:
+            port = raw.extra(SocketAttribute.local_port)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(raw.serve, functools.partial(answer, data))
+                with anyio.fail_after(10), pytest.raises(ssl.SSLError) as caught:
+                    await anyio_comm.connect(f"tls://127.0.0.1:{port}", ssl_context=ctx)
+                tg.cancel_scope.cancel()
+        message = str(caught.value)
+        assert f"(TLS handshake with tls://127.0.0.1:{port})" in message, message
+        assert "tcp://" not in message
+        if data:
+            expected = f": the peer does not speak TLS: it sent {data[:16]!r}"
+            assert message.endswith(expected), message
+        else:
+            assert isinstance(caught.value, ssl.SSLEOFError)
+            assert "does not speak TLS" not in message, message
+
+    # plaintext clients: a TLS-looking answer (alert or handshake record, version 3.x)
+    # gets the hint, anything else (an application_data record, SSL 2, HTTP) does not
+    for data, hint in (
+        (b"\x15\x03\x03\x00\x02\x02\x28", True),
+        (b"\x16\x03\x01\x00\x05hello", True),
+        (b"\x17\x03\x03\x00\x01x", False),
+        (b"\x16\x02\x00\x00\x01x", False),
+        (b"HTTP/1.1 400 Bad Request\r\n\r\n", False),
+    ):
+        async with await anyio.create_tcp_listener(local_host="127.0.0.1") as raw:
+            port = raw.extra(SocketAttribute.local_port)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(raw.serve, functools.partial(answer, data))
+                with anyio.fail_after(10), pytest.raises(RemoteProtocolError) as caught:
+                    await anyio_comm.connect(f"tcp://127.0.0.1:{port}")
+                tg.cancel_scope.cancel()
+        message = str(caught.value)
+        assert message.endswith(f" (handshake with tcp://127.0.0.1:{port})"), message
+        assert ("it speaks TLS" in message) is hint, message
 
 
 async def test_silent_client_is_dropped_after_handshake_timeout(

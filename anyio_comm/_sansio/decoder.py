@@ -492,11 +492,16 @@ class FrameDecoder:
         head = self._view[start : start + min(avail, len(MAGIC))]
         if head != MAGIC[: head.nbytes]:
             hint = ""
+            # A TLS alert (21) or handshake (22) record, version 3.x: a TLS peer's
+            # ClientHello, or a TLS server's answer to our plain-text preamble.
             if head.nbytes >= 2 and head[0] in (0x15, 0x16) and head[1] == 0x03:
-                hint = "; it looks like TLS: use a tls:// address and an ssl_context"
+                hint = (
+                    ": the peer sent a TLS record, it speaks TLS: "
+                    "use a tls:// address and an ssl_context"
+                )
             raise RemoteProtocolError(
                 "peer does not speak the anyio-comm protocol (bad magic: "
-                f"{_describe(self._view[start : self._end])}{hint})",
+                f"{_describe(self._view[start : self._end])}){hint}",
                 rule="preamble",
             )
         if avail < PREAMBLE_FIXED_SIZE:

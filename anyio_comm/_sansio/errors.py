@@ -1,6 +1,9 @@
 """The protocol's own exceptions (no anyio: the sans-IO core raises them).
 
-:mod:`anyio_comm._exceptions` re-exports them with the rest of the tree.
+:mod:`anyio_comm._exceptions` re-exports them with the rest of the tree. Like
+every exception the package exports, they carry the module users import them
+from as their ``__module__`` (:func:`set_public_module`): a traceback reads
+``anyio_comm.SerializationError``, and pickle finds them there.
 """
 
 from __future__ import annotations
@@ -13,7 +16,19 @@ __all__ = [
     "ProtocolError",
     "RemoteProtocolError",
     "SerializationError",
+    "set_public_module",
 ]
+
+
+def set_public_module(module: str, *classes: type) -> None:
+    """Make ``classes`` say that they come from ``module``, the public module that
+    exports them (``anyio_comm``, ``anyio_comm.rpc``), not the private one that
+    defines them: tracebacks, ``repr()`` and the docs show ``module.Name``, and
+    pickle looks them up there. Their names must be attributes of ``module``
+    (the package's are, imported on first use).
+    """
+    for cls in classes:
+        cls.__module__ = module
 
 
 class CommError(Exception):
@@ -66,3 +81,13 @@ class SerializationError(CommError, TypeError):
 
     Raised before anything is sent; the comm stays usable.
     """
+
+
+set_public_module(
+    "anyio_comm",
+    CommError,
+    LocalProtocolError,
+    ProtocolError,
+    RemoteProtocolError,
+    SerializationError,
+)

@@ -388,7 +388,21 @@ def _too_deep() -> SerializationError:
     return SerializationError(f"message nested more than {MAX_DEPTH} arrays and maps deep")
 
 
+def _out_of_range(value: int) -> str:
+    """What is wrong with an int msgpack refused (it calls the packer's default
+    with the ints it cannot pack, and only with those)."""
+    bits = value.bit_length()
+    # (str() of an int of more than 4300 digits raises ValueError)
+    shown = str(value) if bits <= 256 else f"of {bits} bits"
+    return f"{type(value).__name__} {shown} is out of msgpack's range [-2**63, 2**64-1]"
+
+
 def _peer_refuses_pickle(obj: Any) -> Any:
+    if isinstance(obj, int):
+        raise SerializationError(
+            f"{_out_of_range(obj)}; pickle would carry it, but the peer does not accept "
+            "pickled objects (its allow_pickle is off)"
+        )
     raise SerializationError(
         f"cannot serialize object of type {type(obj).__name__!r}: the peer does not "
         "accept pickled objects (its allow_pickle is off)"
@@ -396,6 +410,8 @@ def _peer_refuses_pickle(obj: Any) -> Any:
 
 
 def _no_default(obj: Any) -> Any:
+    if isinstance(obj, int):
+        raise SerializationError(_out_of_range(obj))
     raise SerializationError(
         f"cannot serialize object of type {type(obj).__name__!r} "
         "(enable allow_pickle=True for trusted peers)"

@@ -45,7 +45,12 @@ untrusted or expired certificate or a hostname mismatch,
 ``ssl.SSLCertVerificationError``), after sending the alert OpenSSL wrote, so
 that the peer learns the reason too; a TLS error after the handshake (an
 alert from the peer, a bad record) is :exc:`anyio.BrokenResourceError` caused
-by the ``ssl.SSLError``.
+by the ``ssl.SSLError``. OpenSSL writes no alert when the client's first bytes
+are not a TLS record at all (a client that does not speak TLS): a server
+answers those with a ``protocol_version`` alert of its own (:data:`NOT_TLS_ALERT`),
+so that such a client sees that the server speaks TLS rather than a bare end of
+file. The peer's first bytes stay readable (:attr:`TLSTransport.peer_first_bytes`)
+for the error messages of the layers above.
 """
 
 from __future__ import annotations
@@ -65,7 +70,7 @@ if TYPE_CHECKING:
 
     from .._sansio._buffer import Buffer
 
-__all__ = ["TLSTransport"]
+__all__ = ["TLSTransport", "looks_like_tls_record"]
 
 #: ciphertext received per system call at most
 CHUNK: Final = 256 * 1024
@@ -80,6 +85,19 @@ FIRST_CIPHER_BUFFER: Final = 2 * (16 * 1024 + 256)
 CLOSE_NOTIFY_TIMEOUT: Final = 0.1
 #: the message of a TCP close without close_notify
 RAGGED_EOF: Final = "TLS connection closed without close_notify"
+#: how many of the peer's first bytes a transport keeps (for error messages)
+FIRST_BYTES_KEPT: Final = 16
+#: what a server answers to a client whose first bytes are not a TLS record: an alert
+#: record (type 21, version 3.1 as before version negotiation, 2 bytes), fatal (2),
+#: protocol_version (70)
+NOT_TLS_ALERT: Final = b"\x15\x03\x01\x00\x02\x02\x46"
+
+
+def looks_like_tls_record(data: bytes) -> bool:
+    """Whether ``data`` (at least its first byte) may begin a TLS record: a content
+    type of 20 to 24 (change_cipher_spec, alert, handshake, application_data,
+    heartbeat), then major version 3."""
+    return bool(data) and 20 <= data[0] <= 24 and (len(data) < 2 or data[1] == 3)
 
 
 class TLSTransport(Transport):
@@ -93,6 +111,7 @@ class TLSTransport(Transport):
         "_incoming",
         "_inner",
         "_outgoing",
+        "_peer_first_bytes",
         "_send_interrupted",
         "_sending",
         "_ssl",
@@ -128,6 +147,7 @@ class TLSTransport(Transport):
         self._unsent = b""
         # the peer's close_notify was read (before its TCP stream ended)
         self._close_notify = False
+        self._peer_first_bytes = b""
 
     @property
     def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
@@ -148,6 +168,13 @@ class TLSTransport(Transport):
             TLSAttribute.tls_version: sslobj.version,
         }
 
+    @property
+    def peer_first_bytes(self) -> bytes:
+        """The first bytes the peer sent during the handshake (up to
+        :data:`FIRST_BYTES_KEPT`; empty if none came): what a failed handshake
+        got instead of TLS."""
+        return self._peer_first_bytes
+
     # -- moving ciphertext -------------------------------------------------
 
     def _take_cipher(self, n: int) -> None:
@@ -161,8 +188,13 @@ class TLSTransport(Transport):
             self._incoming.write_eof()
 
     async def _fill(self) -> None:
-        """Receive ciphertext into the incoming BIO (EOF included), waiting if need be."""
-        self._take_cipher(await self._inner.receive_into(self._cipher))
+        """Receive ciphertext into the incoming BIO (EOF included), waiting if need
+        be (handshake only: it keeps the peer's first bytes)."""
+        n = await self._inner.receive_into(self._cipher)
+        kept = len(self._peer_first_bytes)
+        if n and kept < FIRST_BYTES_KEPT:
+            self._peer_first_bytes += bytes(self._cipher[: min(n, FIRST_BYTES_KEPT - kept)])
+        self._take_cipher(n)
 
     async def _flush(self) -> bool:
         """Send whatever ciphertext the outgoing BIO holds; return whether it waited."""
@@ -178,7 +210,9 @@ class TLSTransport(Transport):
         Raises:
             ssl.SSLError: the handshake failed (``ssl.SSLCertVerificationError``
                 for certificate problems; ``ssl.SSLEOFError`` when the peer
-                closed during the handshake).
+                closed during the handshake; ``WRONG_VERSION_NUMBER`` in its
+                ``reason`` when the peer does not speak TLS, and then
+                :attr:`peer_first_bytes` is what it sent instead).
             anyio.BrokenResourceError: the connection failed.
         """
         while True:
@@ -198,6 +232,16 @@ class TLSTransport(Transport):
             except ssl.SSLError:
                 # OpenSSL wrote an alert saying why (unknown CA, no certificate,
                 # ...): send it, so the peer sees the reason rather than an EOF.
+                # It writes none for bytes that are no TLS record at all: a
+                # server answers a client that does not speak TLS itself.
+                first = self._peer_first_bytes
+                if (
+                    self._ssl.server_side
+                    and not self._outgoing.pending
+                    and first
+                    and not looks_like_tls_record(first)
+                ):
+                    self._outgoing.write(NOT_TLS_ALERT)
                 with contextlib.suppress(BrokenResourceError, ClosedResourceError):
                     await self._flush()
                 raise

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from typing import Final
 
-from .._sansio.errors import CommError
+from .._sansio.errors import CommError, set_public_module
 from ._protocol import ErrorCode
 
 __all__ = [
@@ -50,7 +50,9 @@ class RPCError(CommError):
         remote_message: the server's message.
     """
 
-    code: ErrorCode = ErrorCode.ERROR
+    # (not annotated: typing.get_type_hints() would look ErrorCode up in
+    # anyio_comm.rpc, the module the class says it comes from)
+    code = ErrorCode.ERROR
 
     def __init__(self, method: str, remote_type: str, remote_message: str) -> None:
         self.method = method
@@ -106,6 +108,18 @@ class BadCallError(RPCError):
 
     code = ErrorCode.BAD_CALL
 
+
+set_public_module(
+    "anyio_comm.rpc",
+    RPCError,
+    RemoteError,
+    MethodNotFoundError,
+    InvalidArgumentsError,
+    OverloadedError,
+    DeadlineExceededError,
+    UnavailableError,
+    BadCallError,
+)
 
 _CLASSES: Final = {
     cls.code: cls

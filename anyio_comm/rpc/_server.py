@@ -61,13 +61,18 @@ DEFAULT_MAX_WAITING: Final = 1000
 
 def _type_name(exc: BaseException) -> str:
     """The name a caller sees: ``ValueError``, ``package.module.Error``, and the
-    package's own errors by their public name (``anyio_comm.SerializationError``)."""
+    package's own errors by their public name (``anyio_comm.SerializationError``,
+    ``anyio_comm.rpc.RPCError``: their ``__module__`` says it; any other class of
+    the package, by the public package above its private module)."""
     cls = type(exc)
     module = cls.__module__
     if module == "builtins":
         return cls.__qualname__
     if module.startswith("anyio_comm."):
-        module = "anyio_comm"
+        parts = module.split(".")
+        while any(part.startswith("_") for part in parts):
+            parts.pop()
+        module = ".".join(parts)
     return f"{module}.{cls.__qualname__}"
 
 

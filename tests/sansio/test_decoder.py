@@ -250,6 +250,30 @@ def test_wrong_magic_fails_on_first_bad_byte(garbage: bytes) -> None:
         d.next_handshake()
 
 
+@pytest.mark.parametrize(
+    ("garbage", "hint"),
+    [
+        (b"\x16\x03\x01\x00\xdc\x01\x00\x00\xd8\x03\x03", True),  # a ClientHello
+        (b"\x15\x03\x01\x00\x02\x02\x46", True),  # a fatal alert
+        (b"\x15\x03", True),
+        (b"\x15", False),  # one byte is no evidence
+        (b"\x17\x03\x03\x00\x10", False),  # application data: not a TLS peer's first bytes
+        (b"\x16\x02\x00", False),
+        (b"\x80\x2e\x01\x03\x01", False),  # an SSL 2 hello
+        (b"GET / HTTP/1.1\r\n", False),
+        (b"\x89ACOMX", False),
+    ],
+)
+def test_tls_hint_only_for_a_tls_record(garbage: bytes, hint: bool) -> None:
+    """The error says that the peer speaks TLS only when its bytes begin a TLS alert
+    or handshake record (version 3.x)."""
+    d = FrameDecoder()
+    d.feed(garbage)
+    with pytest.raises(RemoteProtocolError, match="does not speak") as caught:
+        d.next_handshake()
+    assert ("it speaks TLS: use a tls:// address" in str(caught.value)) is hint
+
+
 def test_magic_prefix_waits_for_more() -> None:
     d = FrameDecoder()
     d.feed(MAGIC[:5])

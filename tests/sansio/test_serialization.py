@@ -85,6 +85,34 @@ def test_unsupported_types_raise_serialization_error(value: object) -> None:
     assert isinstance(info.value, TypeError)
 
 
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [
+        (2**64, "int 18446744073709551616"),
+        (-(2**63) - 1, "int -9223372036854775809"),
+        (-(2**100), f"int {-(2**100)}"),
+        (10**5000, "int of 16610 bits"),  # too long to print whole
+    ],
+    ids=["2**64", "-2**63-1", "-2**100", "10**5000"],
+)
+@pytest.mark.parametrize("peer_accepts_pickle", [True, False])
+def test_int_out_of_range_says_so(value: int, shown: str, peer_accepts_pickle: bool) -> None:
+    """Not "cannot serialize object of type 'int'": the value and msgpack's range."""
+    s = Serializer(allow_pickle=not peer_accepts_pickle, peer_accepts_pickle=peer_accepts_pickle)
+    with pytest.raises(SerializationError) as info:
+        s.dumps({"v": [1, value]})
+    message = str(info.value)
+    assert message.startswith(f"{shown} is out of msgpack's range [-2**63, 2**64-1]"), message
+    assert ("the peer does not accept pickled objects" in message) is not peer_accepts_pickle
+    # the limits themselves are in range
+    assert roundtrip(s, [2**64 - 1, -(2**63)]) == [2**64 - 1, -(2**63)]
+
+
+def test_int_out_of_range_travels_pickled_when_pickle_is_on() -> None:
+    s = Serializer(allow_pickle=True)
+    assert roundtrip(s, {"v": 2**64}) == {"v": 2**64}
+
+
 def test_deep_nesting_raises_serialization_error() -> None:
     message: object = []
     for _ in range(2000):
