@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from . import Comm, __version__, connect, listen
-from ._bench import OneLineParser, add_parsers, bench_main, serve_main
+from ._bench import OneLineParser, add_parsers, bench_main, serve_main, whole_number
 from ._bench._common import install_hint
 
 if TYPE_CHECKING:
@@ -124,8 +124,8 @@ def parser() -> argparse.ArgumentParser:
         help="event loop to run on (default: all, those installed)",
     )
     add("--address", default="tcp://127.0.0.1:0", help="listen address (tcp://127.0.0.1:0)")
-    add("--rounds", type=int, default=2000, help="1 KB round trips to time (2000)")
-    add("--megabytes", type=int, default=50, help="size of the out-of-band payload (50)")
+    add("--rounds", type=whole_number(10**7), default=2000, help="1 KB round trips (2000)")
+    add("--megabytes", type=whole_number(4096), default=50, help="out-of-band payload size (50)")
     add_parsers(commands)
     return top
 

@@ -72,6 +72,18 @@ def test_every_demo_option_has_help() -> None:
         assert action.help and action.help != argparse.SUPPRESS, action.dest
 
 
+@pytest.mark.parametrize("option", ["--rounds", "--megabytes"])
+@pytest.mark.parametrize("value", ["0", "-1", "x"])
+def test_demo_refuses_counts_below_one(
+    option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A usage error (exit status 2) instead of a division by zero in the report."""
+    with pytest.raises(SystemExit) as info:
+        main(["demo", option, value])
+    assert info.value.code == 2
+    assert f"argument {option}: expected" in capsys.readouterr().err
+
+
 def test_demo_runs_the_installed_backends_and_names_the_others() -> None:
     done = _run("demo", "--rounds", "10", "--megabytes", "1")
     assert done.returncode == 0, done.stdout + done.stderr

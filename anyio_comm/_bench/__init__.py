@@ -2,6 +2,6 @@
 
 from __future__ import annotations
 
-from ._cli import OneLineParser, add_parsers, bench_main, serve_main
+from ._cli import OneLineParser, add_parsers, bench_main, serve_main, whole_number
 
-__all__ = ["OneLineParser", "add_parsers", "bench_main", "serve_main"]
+__all__ = ["OneLineParser", "add_parsers", "bench_main", "serve_main", "whole_number"]

@@ -66,7 +66,9 @@ def _size(text: str) -> int:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _count(top: int) -> Any:
+def whole_number(top: int) -> Any:
+    """An argparse type: a whole number from 1 to ``top``."""
+
     def parse(text: str) -> int:
         try:
             value = int(text)
@@ -103,9 +105,9 @@ def add_parsers(commands: Any) -> None:
     )
     add = bench.add_argument
     add("address", nargs="?", help="server started with 'anyio-comm serve' (default: local)")
-    add("-p", "--processes", type=_count(64), default=1, help="client processes (default 1)")
-    add("-c", "--concurrency", type=_count(1000), default=1, help="comms per process (1)")
-    add("-f", "--frames", type=_count(MAX_FRAMES), default=1, help="frames per message (1)")
+    add("-p", "--processes", type=whole_number(64), default=1, help="client processes (default 1)")
+    add("-c", "--concurrency", type=whole_number(1000), default=1, help="comms per process (1)")
+    add("-f", "--frames", type=whole_number(MAX_FRAMES), default=1, help="frames per message (1)")
     add("-s", "--size", type=_size, default=1000, help="bytes per frame: 1000, 1e6, 1MB, 1KiB")
     add("--seconds", type=_seconds(0, 600, open_low=True), default=3.0, help="window (3)")
     add("--warmup", type=_seconds(0, 60), default=0.5, help="warm-up seconds (0.5)")
