@@ -491,6 +491,8 @@ async def test_silent_client_is_dropped_after_handshake_timeout(
 @pytest.fixture(params=[False, True], ids=["eof-option-default", "ignore-unexpected-eof"])
 def eof_option(request: pytest.FixtureRequest) -> Callable[[ssl.SSLContext], ssl.SSLContext]:
     """Give a context ``OP_IGNORE_UNEXPECTED_EOF`` (or leave it as the Python made it)."""
+    if request.param and not hasattr(ssl, "OP_IGNORE_UNEXPECTED_EOF"):
+        pytest.skip("this ssl module (OpenSSL before 3.0) has no OP_IGNORE_UNEXPECTED_EOF")
 
     def apply(context: ssl.SSLContext) -> ssl.SSLContext:
         if request.param:
@@ -581,6 +583,36 @@ async def test_ragged_eof_from_server_breaks_client_receive(
     assert_option_kept(client_ctx, options)
 
 
+async def test_from_stream_over_a_tls_stream_without_the_option_breaks_receive(
+    tls_version: ssl.TLSVersion,
+) -> None:
+    """What the TLS guide tells users of from_stream() with AnyIO's TLSStream: with
+    OP_IGNORE_UNEXPECTED_EOF cleared on its context, a cut is BrokenResourceError."""
+    server_ctx = server_context(tls_version)
+
+    async def raw_tls_server(tcp_listener: anyio.abc.SocketListener) -> None:
+        stream = await tcp_listener.accept()
+        tls = await TLSStream.wrap(
+            stream, server_side=True, ssl_context=server_ctx, standard_compatible=False
+        )
+        await tls.send(encode_preamble(Limits()))
+        await BufferedByteReceiveStream(tls).receive_exactly(PREAMBLE_SIZE)
+        await tls.transport_stream.aclose()  # no close_notify
+
+    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with multi, anyio.create_task_group() as tg:
+        (tcp_listener,) = multi.listeners
+        tg.start_soon(raw_tls_server, tcp_listener)
+        port = tcp_listener.extra(SocketAttribute.local_port)
+        client_ctx = client_context(tls_version)
+        client_ctx.options &= ~getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)  # as the guide says
+        with anyio.fail_after(10):
+            stream = await anyio.connect_tcp("127.0.0.1", port, ssl_context=client_ctx)
+            async with await anyio_comm.from_stream(stream) as comm:
+                with pytest.raises(BrokenResourceError):
+                    await comm.receive()
+
+
 async def test_ragged_eof_inside_a_message_breaks_receive(
     tls_version: ssl.TLSVersion, eof_option: Callable[[ssl.SSLContext], ssl.SSLContext]
 ) -> None:
@@ -669,12 +701,53 @@ async def test_tcp_close_during_the_handshake_is_an_eof_error(
         (tcp_listener,) = multi.listeners
         tg.start_soon(read_then_close, tcp_listener)
         port = tcp_listener.extra(SocketAttribute.local_port)
-        with anyio.fail_after(10), pytest.raises(ssl.SSLEOFError):
+        with anyio.fail_after(10), pytest.raises(ssl.SSLEOFError) as info:
             await anyio_comm.connect(
                 f"tls://127.0.0.1:{port}",
                 ssl_context=eof_option(client_context(tls_version)),
                 timeout=10,
             )
+    # the error OpenSSL gives without the option, fields and message alike
+    assert (info.value.reason, info.value.library) == ("UNEXPECTED_EOF_WHILE_READING", "SSL")
+    assert str(info.value).startswith(
+        "[SSL: UNEXPECTED_EOF_WHILE_READING] EOF occurred in violation of protocol "
+        f"(TLS handshake with tls://127.0.0.1:{port})"
+    )
+
+
+async def test_ragged_eof_after_our_send_eof_breaks_receive(
+    tls_version: ssl.TLSVersion, eof_option: Callable[[ssl.SSLContext], ssl.SSLContext]
+) -> None:
+    """After send_eof() (our close_notify is out), a peer that drops TCP without its
+    own close_notify still breaks the receive: the half-closed session is no excuse."""
+    server_ctx = server_context(tls_version)
+
+    async def raw_tls_server(tcp_listener: anyio.abc.SocketListener) -> None:
+        stream = await tcp_listener.accept()
+        tls = await TLSStream.wrap(
+            stream, server_side=True, ssl_context=server_ctx, standard_compatible=False
+        )
+        await tls.send(encode_preamble(Limits()))
+        reader = BufferedByteReceiveStream(tls)
+        await reader.receive_exactly(PREAMBLE_SIZE)
+        with pytest.raises(EndOfStream):  # the rest of its preamble, then close_notify
+            while True:
+                await reader.receive()
+        await tls.transport_stream.aclose()  # no close_notify
+
+    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with multi, anyio.create_task_group() as tg:
+        (tcp_listener,) = multi.listeners
+        tg.start_soon(raw_tls_server, tcp_listener)
+        port = tcp_listener.extra(SocketAttribute.local_port)
+        client_ctx = eof_option(client_context(tls_version))
+        with anyio.fail_after(10):
+            async with await anyio_comm.connect(
+                f"tls://127.0.0.1:{port}", ssl_context=client_ctx, timeout=10
+            ) as comm:
+                await comm.send_eof()
+                with pytest.raises(BrokenResourceError, match="without close_notify"):
+                    await comm.receive()
 
 
 async def test_client_handshake_timeout(tls_version: ssl.TLSVersion) -> None:

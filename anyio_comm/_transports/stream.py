@@ -6,7 +6,7 @@ import functools
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import anyio
-from anyio import CancelScope, ClosedResourceError, EndOfStream
+from anyio import BrokenResourceError, CancelScope, ClosedResourceError, EndOfStream
 
 from .base import Transport
 from .memory import MemoryByteStream
@@ -35,10 +35,14 @@ class StreamTransport(Transport):
     memory streams of ``inproc://`` and the test kit); for one that can only
     close asynchronously (an AnyIO socket or TLS stream), it cancels the
     stream operations in progress, each run in a cancel scope for that
-    purpose, and :meth:`aclose` then closes the stream.
+    purpose, and :meth:`aclose` then closes the stream. A stream that broke
+    (a receive raised :exc:`anyio.BrokenResourceError`, or a send was
+    interrupted) is closed forcefully: a graceful close of a broken TLS
+    session would only raise.
     """
 
     __slots__ = (
+        "_broken",
         "_close",
         "_closed",
         "_eof",
@@ -55,6 +59,7 @@ class StreamTransport(Transport):
         self._eof = False
         self._hint = 65536
         self._closed = False
+        self._broken = False
         self._send_interrupted = False
         # abort(): an in-memory stream is reset (its other end sees a broken
         # stream, as after a TCP reset); other streams are closed if they can be
@@ -117,6 +122,9 @@ class StreamTransport(Transport):
             data = await self._run(lambda: self._stream.receive(self._hint))
         except EndOfStream:
             self._eof = True
+        except BrokenResourceError:
+            self._broken = True
+            raise
         else:
             self._pending = memoryview(data)
 
@@ -152,4 +160,7 @@ class StreamTransport(Transport):
 
     async def aclose(self) -> None:
         self._closed = True
-        await self._stream.aclose()
+        if self._broken or self._send_interrupted:
+            await anyio.aclose_forcefully(self._stream)
+        else:
+            await self._stream.aclose()

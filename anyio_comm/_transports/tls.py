@@ -100,12 +100,23 @@ def looks_like_tls_record(data: bytes) -> bool:
     return bool(data) and 20 <= data[0] <= 24 and (len(data) < 2 or data[1] == 3)
 
 
+def _unexpected_eof() -> ssl.SSLEOFError:
+    """The error OpenSSL gives for a TCP close in the handshake without
+    ``OP_IGNORE_UNEXPECTED_EOF``: its message, ``reason`` and ``library``."""
+    error = ssl.SSLEOFError(
+        ssl.SSL_ERROR_EOF,
+        "[SSL: UNEXPECTED_EOF_WHILE_READING] EOF occurred in violation of protocol",
+    )
+    error.reason = "UNEXPECTED_EOF_WHILE_READING"
+    error.library = "SSL"
+    return error
+
+
 class TLSTransport(Transport):
     """A TLS connection over ``inner``, which this transport owns."""
 
     __slots__ = (
         "_cipher",
-        "_close_notify",
         "_closed",
         "_eof",
         "_incoming",
@@ -145,8 +156,6 @@ class TLSTransport(Transport):
         # the close_notify ciphertext a cancelled send_eof() did not write yet
         self._eof = False
         self._unsent = b""
-        # the peer's close_notify was read (before its TCP stream ended)
-        self._close_notify = False
         self._peer_first_bytes = b""
 
     @property
@@ -226,9 +235,7 @@ class TLSTransport(Transport):
                     raise
                 # OP_IGNORE_UNEXPECTED_EOF reports the TCP stream's end as the
                 # session's: the error it is on every other context
-                raise ssl.SSLEOFError(
-                    ssl.SSL_ERROR_EOF, "EOF occurred in violation of protocol (handshake)"
-                ) from exc
+                raise _unexpected_eof() from exc
             except ssl.SSLError:
                 # OpenSSL wrote an alert saying why (unknown CA, no certificate,
                 # ...): send it, so the peer sees the reason rather than an EOF.
@@ -290,20 +297,19 @@ class TLSTransport(Transport):
             self._take_cipher(n)
 
     def _end_of_session(self, received: int, error: ssl.SSLError | None) -> int:
-        """OpenSSL reported the end of the session: ``received`` if it was
-        ``close_notify`` (0 is a clean end of stream), or if bytes came before it.
+        """OpenSSL reported the end of the session: ``received`` if that was
+        ``close_notify`` (0 is a clean end of stream).
 
         Raises:
             anyio.BrokenResourceError: the TCP stream ended without
                 ``close_notify`` (a ragged EOF, reported as the end of the session
                 under ``OP_IGNORE_UNEXPECTED_EOF``: see the module docstring).
         """
-        if not self._close_notify:
-            if self._incoming.eof:
-                if received:
-                    return received  # raised on the next call
-                raise BrokenResourceError(RAGGED_EOF) from error
-            self._close_notify = True
+        # After close_notify OpenSSL never asks for ciphertext again, so the
+        # end of the TCP stream was fed to it (after it asked, with nothing
+        # received) only if this is a ragged EOF.
+        if self._incoming.eof:
+            raise BrokenResourceError(RAGGED_EOF) from error
         return received
 
     async def wait_readable(self) -> None:
