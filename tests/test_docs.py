@@ -58,7 +58,9 @@ def _performance_figures() -> dict[str, Any]:
 def test_performance_plots_are_readable_at_the_page_width() -> None:
     """Every text of every plot is at least MIN_PAGE_PX high once the PNG is scaled to the
     page's content column, every legend has at most six entries, and the committed PNGs
-    have the size the render scripts draw (they were redrawn after the scripts changed)."""
+    have the size the render scripts draw (they were redrawn after the scripts changed).
+    Needs matplotlib (the docs extra: ``nox -s docs`` runs it)."""
+    pytest.importorskip("matplotlib")
     import matplotlib.pyplot as plt
     from matplotlib.text import Text
 
