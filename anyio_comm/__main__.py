@@ -8,7 +8,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import importlib.util
 import sys
 import time
@@ -86,15 +85,6 @@ Fast, structured-concurrency message transport on asyncio, uvloop and trio.
 'anyio-comm COMMAND --help' describes each command's options."""
 
 
-def version() -> str:
-    """The installed distribution's version, or the package's own where it is not
-    installed (run from a clone)."""
-    try:
-        return importlib.metadata.version("anyio-comm")
-    except importlib.metadata.PackageNotFoundError:
-        return __version__
-
-
 def missing_backends() -> list[str]:
     """The optional backends whose package is not installed."""
     return [b for b in ("uvloop", "trio") if importlib.util.find_spec(b) is None]
@@ -107,7 +97,7 @@ def parser() -> argparse.ArgumentParser:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    top.add_argument("--version", action="version", version=f"anyio-comm {version()}")
+    top.add_argument("--version", action="version", version=f"anyio-comm {__version__}")
     commands = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
     demo_parser = commands.add_parser(
         "demo",

@@ -120,7 +120,12 @@ def add_parsers(commands: Any) -> None:
     add("--server-hostname", help="remote tls:// server: name to verify instead of the host")
     add("--gil-hold", action="store_true", help="local server runs a GIL-holding thread")
     add("--no-pin", action="store_true", help="do not pin processes to CPUs")
-    add("--connect-timeout", type=_seconds(0, 300, open_low=True), default=10.0)
+    add(
+        "--connect-timeout",
+        type=_seconds(0, 300, open_low=True),
+        default=10.0,
+        help="seconds each connection and its hello may take (10)",
+    )
     add("--json", metavar="PATH", help="also write the results and metadata as JSON")
 
     serve = commands.add_parser(
