@@ -609,6 +609,28 @@ async def test_a_stream_item_over_the_clients_limits_ends_the_stream() -> None:
             assert info.value.remote_type == "anyio_comm.LocalProtocolError"
 
 
+async def test_remote_type_of_a_package_error_is_its_public_name() -> None:
+    """An anyio-comm error a handler lets through is named as users import it."""
+
+    async def relay() -> None:
+        raise rpc.UnavailableError("next", "UNAVAILABLE", "the next hop is down")
+
+    async def bad_body() -> None:
+        raise anyio_comm.SerializationError("no")
+
+    with anyio.fail_after(10):
+        async with (
+            rpc.serve("tcp://127.0.0.1:0", {"relay": relay, "bad": bad_body}) as server,
+            rpc.connect(server.address) as client,
+        ):
+            with pytest.raises(rpc.RemoteError) as info:
+                await client.call("relay")
+            assert info.value.remote_type == "anyio_comm.rpc.UnavailableError"
+            with pytest.raises(rpc.RemoteError) as info:
+                await client.call("bad")
+            assert info.value.remote_type == "anyio_comm.SerializationError"
+
+
 async def test_a_stream_has_one_reader() -> None:
     with anyio.fail_after(10):
         async with server_and_client() as (_server, client, _methods):
