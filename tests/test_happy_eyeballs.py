@@ -231,15 +231,30 @@ async def test_bad_delay(value: Any, error: type[Exception]) -> None:
 
 
 async def test_two_that_connect_leave_one_socket_open(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both attempts connect (each waits for the other's socket before it returns), one
+    wins, the other's socket is closed."""
     attempts = Attempts(monkeypatch)
+    recording = connect_module._connect_socket
+    connected = 0
+    both = anyio.Event()
+
+    async def after_both(sock: socket.socket, sockaddr: Any) -> None:
+        nonlocal connected
+        await recording(sock, sockaddr)
+        connected += 1
+        if connected % 2 == 0:
+            both.set()
+        await both.wait()
+
+    monkeypatch.setattr(connect_module, "_connect_socket", after_both)
     async with serving() as port1, serving() as port2:
         resolve_to(monkeypatch, info("127.0.0.1", port1), info("127.0.0.1", port2))
-        for _ in range(5):  # every attempt at once: both often connect
-            with anyio.fail_after(5):
-                comm = await anyio_comm.connect(f"tcp://{NAME}:{port1}", happy_eyeballs_delay=0)
-            async with comm:
-                await check_echo(comm)
-                assert len(attempts.open_sockets()) == 1
+        with anyio.fail_after(5):
+            comm = await anyio_comm.connect(f"tcp://{NAME}:{port1}", happy_eyeballs_delay=0)
+        async with comm:
+            assert connected == 2
+            await check_echo(comm)
+            assert len(attempts.open_sockets()) == 1
         assert attempts.open_sockets() == []
 
 
