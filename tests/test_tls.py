@@ -29,7 +29,7 @@ from anyio_comm._transports.tls import CHUNK, FIRST_CIPHER_BUFFER
 from .certs import client_context, expired_server_cert, server_cert, server_context
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
     from _pytest.logging import LogCaptureFixture
 
@@ -547,30 +547,45 @@ async def test_ragged_eof_from_client_breaks_server_receive(
     assert_option_kept(server_ctx, options)
 
 
-async def test_ragged_eof_from_server_breaks_client_receive(
-    tls_version: ssl.TLSVersion, eof_option: Callable[[ssl.SSLContext], ssl.SSLContext]
-) -> None:
-    """The same on the client side, against a hand-made TLS server that drops TCP."""
-    server_ctx = server_context(tls_version)
-    client_connected = anyio.Event()
+@asynccontextmanager
+async def cutting_tls_server(
+    tls_version: ssl.TLSVersion,
+    before_cut: Callable[[TLSStream, BufferedByteReceiveStream], Awaitable[object]] | None = None,
+) -> AsyncIterator[int]:
+    """A hand-made TLS server on 127.0.0.1 (yields its port) for one client: it sends a
+    preamble, reads the client's first 32 bytes, awaits ``before_cut(tls, reader)``, then
+    closes TCP without close_notify."""
 
-    async def raw_tls_server(tcp_listener: anyio.abc.SocketListener) -> None:
+    async def serve(tcp_listener: anyio.abc.SocketListener) -> None:
         stream = await tcp_listener.accept()
         tls = await TLSStream.wrap(
-            stream, server_side=True, ssl_context=server_ctx, standard_compatible=False
+            stream,
+            server_side=True,
+            ssl_context=server_context(tls_version),
+            standard_compatible=False,
         )
         await tls.send(encode_preamble(Limits()))
-        await BufferedByteReceiveStream(tls).receive_exactly(PREAMBLE_SIZE)
-        await client_connected.wait()
+        reader = BufferedByteReceiveStream(tls)
+        await reader.receive_exactly(PREAMBLE_SIZE)
+        if before_cut is not None:
+            await before_cut(tls, reader)
         await tls.transport_stream.aclose()  # no close_notify
 
     multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
     async with multi, anyio.create_task_group() as tg:
         (tcp_listener,) = multi.listeners
-        tg.start_soon(raw_tls_server, tcp_listener)
-        port = tcp_listener.extra(SocketAttribute.local_port)
-        client_ctx = eof_option(client_context(tls_version))
-        options = client_ctx.options
+        tg.start_soon(serve, tcp_listener)
+        yield tcp_listener.extra(SocketAttribute.local_port)
+
+
+async def test_ragged_eof_from_server_breaks_client_receive(
+    tls_version: ssl.TLSVersion, eof_option: Callable[[ssl.SSLContext], ssl.SSLContext]
+) -> None:
+    """The same on the client side, against a hand-made TLS server that drops TCP."""
+    client_connected = anyio.Event()
+    client_ctx = eof_option(client_context(tls_version))
+    options = client_ctx.options
+    async with cutting_tls_server(tls_version, lambda *_: client_connected.wait()) as port:
         with anyio.fail_after(10):
             async with await anyio_comm.connect(
                 f"tls://127.0.0.1:{port}", ssl_context=client_ctx, timeout=10
@@ -588,24 +603,9 @@ async def test_from_stream_over_a_tls_stream_without_the_option_breaks_receive(
 ) -> None:
     """What the TLS guide tells users of from_stream() with AnyIO's TLSStream: with
     OP_IGNORE_UNEXPECTED_EOF cleared on its context, a cut is BrokenResourceError."""
-    server_ctx = server_context(tls_version)
-
-    async def raw_tls_server(tcp_listener: anyio.abc.SocketListener) -> None:
-        stream = await tcp_listener.accept()
-        tls = await TLSStream.wrap(
-            stream, server_side=True, ssl_context=server_ctx, standard_compatible=False
-        )
-        await tls.send(encode_preamble(Limits()))
-        await BufferedByteReceiveStream(tls).receive_exactly(PREAMBLE_SIZE)
-        await tls.transport_stream.aclose()  # no close_notify
-
-    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    async with multi, anyio.create_task_group() as tg:
-        (tcp_listener,) = multi.listeners
-        tg.start_soon(raw_tls_server, tcp_listener)
-        port = tcp_listener.extra(SocketAttribute.local_port)
-        client_ctx = client_context(tls_version)
-        client_ctx.options &= ~getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)  # as the guide says
+    client_ctx = client_context(tls_version)
+    client_ctx.options &= ~getattr(ssl, "OP_IGNORE_UNEXPECTED_EOF", 0)  # as the guide says
+    async with cutting_tls_server(tls_version) as port:
         with anyio.fail_after(10):
             stream = await anyio.connect_tcp("127.0.0.1", port, ssl_context=client_ctx)
             async with await anyio_comm.from_stream(stream) as comm:
@@ -617,26 +617,14 @@ async def test_ragged_eof_inside_a_message_breaks_receive(
     tls_version: ssl.TLSVersion, eof_option: Callable[[ssl.SSLContext], ssl.SSLContext]
 ) -> None:
     """A TCP close after part of a message's records (the rest never comes) is broken too."""
-    server_ctx = server_context(tls_version)
 
-    async def raw_tls_server(tcp_listener: anyio.abc.SocketListener) -> None:
-        stream = await tcp_listener.accept()
-        tls = await TLSStream.wrap(
-            stream, server_side=True, ssl_context=server_ctx, standard_compatible=False
-        )
-        await tls.send(encode_preamble(Limits()))
-        await BufferedByteReceiveStream(tls).receive_exactly(PREAMBLE_SIZE)
-        # a message of one 1000-byte frame, of which only the length table and
-        # 10 bytes arrive, in whole records
+    async def part_of_a_message(tls: TLSStream, _: object) -> None:
+        # a message of one 1000-byte frame, of which only the length table and 10 bytes
+        # arrive, in whole records
         await tls.send(encode_header([1000]) + b"x" * 10)
-        await tls.transport_stream.aclose()  # no close_notify
 
-    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    async with multi, anyio.create_task_group() as tg:
-        (tcp_listener,) = multi.listeners
-        tg.start_soon(raw_tls_server, tcp_listener)
-        port = tcp_listener.extra(SocketAttribute.local_port)
-        client_ctx = eof_option(client_context(tls_version))
+    client_ctx = eof_option(client_context(tls_version))
+    async with cutting_tls_server(tls_version, part_of_a_message) as port:
         with anyio.fail_after(10):
             async with await anyio_comm.connect(
                 f"tls://127.0.0.1:{port}", ssl_context=client_ctx, timeout=10
@@ -720,27 +708,14 @@ async def test_ragged_eof_after_our_send_eof_breaks_receive(
 ) -> None:
     """After send_eof() (our close_notify is out), a peer that drops TCP without its
     own close_notify still breaks the receive: the half-closed session is no excuse."""
-    server_ctx = server_context(tls_version)
 
-    async def raw_tls_server(tcp_listener: anyio.abc.SocketListener) -> None:
-        stream = await tcp_listener.accept()
-        tls = await TLSStream.wrap(
-            stream, server_side=True, ssl_context=server_ctx, standard_compatible=False
-        )
-        await tls.send(encode_preamble(Limits()))
-        reader = BufferedByteReceiveStream(tls)
-        await reader.receive_exactly(PREAMBLE_SIZE)
-        with pytest.raises(EndOfStream):  # the rest of its preamble, then close_notify
+    async def until_close_notify(_: object, reader: BufferedByteReceiveStream) -> None:
+        with pytest.raises(EndOfStream):  # the rest of the preamble, then close_notify
             while True:
                 await reader.receive()
-        await tls.transport_stream.aclose()  # no close_notify
 
-    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
-    async with multi, anyio.create_task_group() as tg:
-        (tcp_listener,) = multi.listeners
-        tg.start_soon(raw_tls_server, tcp_listener)
-        port = tcp_listener.extra(SocketAttribute.local_port)
-        client_ctx = eof_option(client_context(tls_version))
+    client_ctx = eof_option(client_context(tls_version))
+    async with cutting_tls_server(tls_version, until_close_notify) as port:
         with anyio.fail_after(10):
             async with await anyio_comm.connect(
                 f"tls://127.0.0.1:{port}", ssl_context=client_ctx, timeout=10

@@ -109,18 +109,6 @@ class BadCallError(RPCError):
     code = ErrorCode.BAD_CALL
 
 
-set_public_module(
-    "anyio_comm.rpc",
-    RPCError,
-    RemoteError,
-    MethodNotFoundError,
-    InvalidArgumentsError,
-    OverloadedError,
-    DeadlineExceededError,
-    UnavailableError,
-    BadCallError,
-)
-
 _CLASSES: Final = {
     cls.code: cls
     for cls in (
@@ -133,6 +121,8 @@ _CLASSES: Final = {
         BadCallError,
     )
 }
+
+set_public_module("anyio_comm.rpc", RPCError, *_CLASSES.values())
 
 
 def error_for(method: str, code: ErrorCode, remote_type: str, remote_message: str) -> RPCError:
