@@ -100,6 +100,7 @@ EXPECTED_REJECTS = {
     "close-truncated",
     "compressed-codec-unlisted",
     "compressed-length-not-below",
+    "compressed-length-one",
     "compressed-bad-data",
     "message-zero-frames",
     "message-empty-body",
