@@ -301,6 +301,11 @@ class Connection:
             # To a peer that accepts close records, a frame count of CLOSE_MARKER
             # begins one: no message may have that many frames.
             limits = dataclasses.replace(limits, max_frames=CLOSE_MARKER - 1)
+        if peer.version >= 2 and limits.max_frame_size > LENGTH_MASK:
+            # A version-2 peer that accepts compression reads a length's top byte
+            # as its codec (spec 6.1), one that lists only codecs we do not know
+            # included: no frame of 2**56 bytes or more to any version-2 peer.
+            limits = dataclasses.replace(limits, max_frame_size=LENGTH_MASK)
         self._send_limits = limits
         for name in self._compression:
             if name in peer.compression:
@@ -365,13 +370,21 @@ class Connection:
         as the caller's views (do not modify them until they are written).
 
         Raises:
-            LocalProtocolError: the message is over the peer's limits, the
+            LocalProtocolError: the message is over the peer's limits (to a
+                version-2 peer, or as early data on a connection that may be
+                version 2, a frame of 2**56 bytes or more is over them), the
                 peer's preamble has not arrived yet, or our side is CLOSED or
                 ERROR. Nothing changes: the connection stays as it was.
         """
         if self._our_state is not _OPEN or self._peer is None:
             if self._our_state is _OPEN and self._early:
-                return encode_message(frames)  # the peer's limits are not known yet
+                # the peer's limits are not known yet; whether it reads a codec in
+                # each length (spec 4.8) neither, if the connection may be version 2
+                if self._version >= 2 and any(f.nbytes > LENGTH_MASK for f in frames):
+                    raise LocalProtocolError(
+                        f"early data carries frames of at most {LENGTH_MASK} bytes"
+                    )
+                return encode_message(frames)
             raise LocalProtocolError(self._why_not_sending())
         compressor = self._compressor
         if compressor is not None and any(f.nbytes >= compressor.min_size for f in frames):
@@ -395,11 +408,6 @@ class Connection:
         entries = []
         pieces: list[memoryview] = []
         for frame, length in zip(frames, lengths, strict=True):
-            if length > LENGTH_MASK:
-                raise LocalProtocolError(
-                    f"frame of {length} bytes: a peer that accepts compression takes "
-                    f"frames of at most {LENGTH_MASK} bytes"
-                )
             wire = compressor.compress(frame) if length >= compressor.min_size else None
             if wire is None:
                 entries.append(length)

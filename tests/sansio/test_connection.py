@@ -208,3 +208,66 @@ def test_receive_data_is_the_copying_path() -> None:
 def test_next_message_before_the_handshake_is_a_usage_error() -> None:
     with pytest.raises(RuntimeError, match="next_handshake"):
         Connection().next_message()
+
+
+class HugeFrame:
+    """Stands for a frame of ``nbytes`` bytes (2**56 of them cannot be allocated): the
+    size checks read only ``nbytes`` and ``len()``."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+    def __len__(self) -> int:
+        return self.nbytes
+
+
+HUGE = 2**56  # the first frame length whose top byte a version-2 receiver may read as a codec
+WIDE = Limits(max_frame_size=2**64 - 1, max_message_size=2**64 - 1)
+
+
+@pytest.mark.parametrize("compression", [(), ("lz4",)], ids=["plain", "compressing"])
+def test_no_frame_of_2_to_the_56_bytes_to_a_version_2_peer(compression: tuple[str, ...]) -> None:
+    """Spec 6.1: a version-2 peer whose limits allow it still gets no frame of 2**56 bytes
+    or more (whether it reads a codec byte in each length is not the sender's to guess);
+    the message is refused before anything is sent, and the connection stays usable."""
+    a = Connection(compression=compression)
+    b = Connection(WIDE, compression=compression)
+    deliver(b, a.preamble())
+    deliver(a, b.preamble())
+    assert a.next_handshake() is not None
+    frames = [HugeFrame(HUGE)]
+    with pytest.raises(LocalProtocolError, match=str(HUGE - 1)):
+        a.check_send(frames)  # type: ignore[list-item]
+    with pytest.raises(LocalProtocolError, match=str(HUGE - 1)):
+        a.send_message(frames)  # type: ignore[arg-type]
+    with pytest.raises(LocalProtocolError):
+        a.send_message([memoryview(b"x"), HugeFrame(HUGE)])  # type: ignore[list-item]
+    a.check_send([HugeFrame(HUGE - 1)])  # type: ignore[list-item]
+    assert a.our_state is OPEN
+
+
+def test_a_version_1_peer_takes_frames_of_any_64_bit_length() -> None:
+    a = Connection()
+    b = Connection(WIDE, version=1)
+    deliver(b, a.preamble())
+    deliver(a, b.preamble())
+    assert a.next_handshake() is not None
+    huge = HugeFrame(2**63)
+    a.check_send([huge])  # type: ignore[list-item]
+    header, frame = a.send_message([huge])  # type: ignore[list-item]
+    assert bytes(header) == encode_header([2**63]) and frame is huge
+
+
+def test_early_data_carries_no_frame_of_2_to_the_56_bytes() -> None:
+    """Spec 4.8: before the peer's preamble the sender cannot know whether the peer
+    reads a codec byte in each length, so a connection that may be version 2 refuses
+    such a frame; one of version 1 only does not."""
+    a = Connection()
+    a.send_early()
+    with pytest.raises(LocalProtocolError, match="early data"):
+        a.send_message([HugeFrame(HUGE)])  # type: ignore[list-item]
+    assert a.our_state is OPEN
+    assert len(a.send_message([HugeFrame(HUGE - 1)])) == 2  # type: ignore[list-item]
+    v1 = Connection(version=1)
+    v1.send_early()
+    assert len(v1.send_message([HugeFrame(HUGE)])) == 2  # type: ignore[list-item]
