@@ -31,7 +31,7 @@ from anyio_comm import (
     RemoteProtocolError,
     SerializationError,
 )
-from anyio_comm._sansio.close import encode_close_record
+from anyio_comm._sansio.close import encode_close_record, parse_close_record
 from anyio_comm._sansio.connection import Connection
 from anyio_comm._sansio.decoder import EndOfData, FrameDecoder
 from anyio_comm._sansio.wire import encode_header, encode_preamble
@@ -273,6 +273,36 @@ async def test_a_header_over_the_limits_is_told_to_the_peer(kind: str) -> None:
     text = "message has 5 frames; the limit is 4"
     record = encode_close_record(CloseReason(CloseCode.LIMIT_EXCEEDED, "max_frames", text))
     assert bytes(received[len(preamble) :]) == record
+
+
+@pytest.mark.parametrize("kind", RAW_KINDS)
+async def test_a_malformed_close_record_is_answered_as_a_protocol_error(kind: str) -> None:
+    """Spec 7.2: a close record whose text_length is over 1024 is a protocol error, which
+    its receiver answers as any (section 8): the record PROTOCOL_ERROR, wire-format, then
+    the end of the stream; not the silence a well-formed record gets."""
+    ssl = {"ssl_context": server_context(TLS_VERSIONS[kind])} if kind in TLS_VERSIONS else {}
+    async with (
+        listen_address(kind) as address,
+        anyio_comm.listen(address, lambda comm: comm.receive(), **ssl) as listener,
+        raw_connection(kind, port_of(listener.address)) as stream,
+    ):
+        # FF FF FF FF, code NORMAL, an empty name, text_length 1025
+        record = bytes.fromhex("ffffffff 0000 00 0401")
+        await stream.send(encode_preamble(Limits(), CLOSE_ONLY) + record)
+        received = bytearray()
+        with anyio.fail_after(10):
+            try:
+                while True:
+                    received += await stream.receive()
+            except EndOfStream:
+                pass
+    preamble = encode_preamble(Limits(), CLOSE_ONLY)
+    assert bytes(received[: len(preamble)]) == preamble
+    parsed = parse_close_record(received, len(preamble), len(received))
+    assert parsed is not None
+    reason, end = parsed
+    assert end == len(received)
+    assert (reason.code, reason.name) == (CloseCode.PROTOCOL_ERROR, "wire-format")
 
 
 @pytest.mark.parametrize("kind", ["tcp", "unix", "inproc", "tls1.3"])

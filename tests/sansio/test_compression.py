@@ -251,3 +251,49 @@ def test_received_in_message_counts_the_compressed_bytes() -> None:
     decoder.feed(message[-1:])
     assert decoder.next_message() == [data, b"x" * 10]
     assert decoder.received_in_message == 0
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        [2000, (7 << 56) | 64],  # over max_frame_size, then a codec not listed
+        [(7 << 56) | 64, 2000],
+        [2000, 1 << 56],  # over max_frame_size, then a compressed frame of length 0
+        [(1 << 56) | 600, 600, (1 << 56) | 0],  # over max_message_size, then length 0
+    ],
+    ids=["limit-then-codec", "codec-then-limit", "limit-then-zero", "sum-then-zero"],
+)
+def test_codec_checks_come_before_the_limits(entries: list[int]) -> None:
+    """Spec 6.1: a receiver that announced compression checks every entry's codec and
+    compressed length 0 before the limits of section 5: PROTOCOL_ERROR, not a limit."""
+    decoder = decoder_after_preamble(Limits(max_frame_size=1000, max_message_size=1000))
+    decoder.feed(encode_header(entries))
+    with pytest.raises(RemoteProtocolError) as info:
+        decoder.next_message()
+    assert info.value.rule == "wire-format"
+
+
+def test_each_frame_is_checked_before_the_sum() -> None:
+    """Spec 5: a table over max_message_size early and over max_frame_size late is
+    refused as over max_frame_size, the name its LIMIT_EXCEEDED record carries."""
+    decoder = decoder_after_preamble(Limits(max_frame_size=1000, max_message_size=1500))
+    decoder.feed(encode_header([900, 900, 1001]))
+    with pytest.raises(RemoteProtocolError) as info:
+        decoder.next_message()
+    assert info.value.rule == "max_frame_size"
+
+
+@pytest.mark.parametrize(
+    ("value", "codecs"),
+    [("010201", ("lz4", "zstd")), ("020102", ("zstd", "lz4")), ("0101", ("lz4",))],
+)
+def test_a_codec_listed_twice_counts_at_its_first_position(
+    value: str, codecs: tuple[str, ...]
+) -> None:
+    """Spec 4.10: a receiver accepts a CAP_COMPRESSION value that lists a codec twice."""
+    conn = Connection(compression=("lz4", "zstd"))
+    entry = struct.pack("!HH", 3, len(value) // 2) + bytes.fromhex(value)
+    body = encode_preamble(Limits())[12:] + entry
+    conn.receive_data(b"\x89ACOMM\r\n" + struct.pack("!HH", 2, len(body)) + body)
+    handshake = conn.next_handshake()
+    assert handshake is not None and handshake.compression == codecs
