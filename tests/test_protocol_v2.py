@@ -244,6 +244,18 @@ async def raw_connection(kind: str, port: int) -> AsyncIterator[anyio.abc.ByteSt
         yield stream
 
 
+async def read_to_end(stream: anyio.abc.ByteStream) -> bytearray:
+    """Every byte ``stream`` receives until its end, within 10 s."""
+    received = bytearray()
+    with anyio.fail_after(10):
+        try:
+            while True:
+                received += await stream.receive()
+        except EndOfStream:
+            pass
+    return received
+
+
 def port_of(address: str) -> int:
     return int(address.rsplit(":", 1)[1])
 
@@ -261,13 +273,7 @@ async def test_a_header_over_the_limits_is_told_to_the_peer(kind: str) -> None:
         raw_connection(kind, port_of(listener.address)) as stream,
     ):
         await stream.send(encode_preamble(Limits(), CLOSE_ONLY) + encode_header([1] * 5))
-        received = bytearray()
-        with anyio.fail_after(10):
-            try:
-                while True:
-                    received += await stream.receive()
-            except EndOfStream:
-                pass
+        received = await read_to_end(stream)
     preamble = encode_preamble(limits, CLOSE_ONLY)
     assert bytes(received[: len(preamble)]) == preamble
     text = "message has 5 frames; the limit is 4"
@@ -289,13 +295,7 @@ async def test_a_malformed_close_record_is_answered_as_a_protocol_error(kind: st
         # FF FF FF FF, code NORMAL, an empty name, text_length 1025
         record = bytes.fromhex("ffffffff 0000 00 0401")
         await stream.send(encode_preamble(Limits(), CLOSE_ONLY) + record)
-        received = bytearray()
-        with anyio.fail_after(10):
-            try:
-                while True:
-                    received += await stream.receive()
-            except EndOfStream:
-                pass
+        received = await read_to_end(stream)
     preamble = encode_preamble(Limits(), CLOSE_ONLY)
     assert bytes(received[: len(preamble)]) == preamble
     parsed = parse_close_record(received, len(preamble), len(received))
