@@ -8,7 +8,7 @@ from as their ``__module__`` (:func:`set_public_module`): a traceback reads
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 __all__ = [
     "CommError",
@@ -16,8 +16,38 @@ __all__ = [
     "ProtocolError",
     "RemoteProtocolError",
     "SerializationError",
+    "describe",
+    "printable",
     "set_public_module",
 ]
+
+#: the longest description of a foreign exception that :func:`describe` returns
+MAX_DESCRIPTION: Final = 300
+
+
+def printable(text: str, limit: int | None = None) -> str:
+    """``text`` fit to show in a message or a log line: every character that is
+    not printable (control characters, line breaks, bidirectional overrides and
+    other format characters) as its escape (``\\x1b``, ``\\u202e``), and cut
+    to ``limit`` characters (ending in ``...``) if it is longer.
+
+    For text that comes from a peer: it cannot clear a terminal, forge a log
+    line or hide what follows it.
+    """
+    if limit is not None and len(text) > limit:
+        text = text[: max(limit - 3, 0)] + "..."
+    if text.isprintable():
+        return text
+    return "".join(
+        c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in text
+    )
+
+
+def describe(exc: BaseException) -> str:
+    """``Type: message`` of an exception raised by a library on a peer's data,
+    :func:`printable` and at most :data:`MAX_DESCRIPTION` characters (an
+    exception's message may quote the data: never its ``repr()``)."""
+    return printable(f"{type(exc).__name__}: {exc}", MAX_DESCRIPTION)
 
 
 def set_public_module(module: str, *classes: type) -> None:

@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgpack
 
-from .errors import RemoteProtocolError, SerializationError
+from .errors import RemoteProtocolError, SerializationError, describe
 from .frames import OutOfBand, PackedFrames
 
 if TYPE_CHECKING:
@@ -310,13 +310,19 @@ class Serializer:
             )
         except RemoteProtocolError:
             raise
+        except msgpack.ExtraData as exc:
+            problem = f"{len(exc.extra)} bytes after its value"
         except Exception as exc:
-            # msgpack raises ExtraData, FormatError, StackError, ValueError,
-            # TypeError (unhashable or non-str key) and UnicodeDecodeError.
-            raise RemoteProtocolError(f"malformed message body: {exc!r}") from exc
-        if pending:
-            return _unpickle_all(value, pending)
-        return value
+            # msgpack raises FormatError, StackError, ValueError, TypeError
+            # (unhashable or non-str key) and UnicodeDecodeError.
+            problem = describe(exc)
+        else:
+            if pending:
+                return _unpickle_all(value, pending)
+            return value
+        # (raised here, not chained: msgpack's exceptions hold copies of the body's
+        # bytes, up to all of them)
+        raise RemoteProtocolError(f"malformed message body: {problem}")
 
 
 class _Pickled:
@@ -336,7 +342,7 @@ class _Pickled:
         try:
             return pickle.loads(self.stream, buffers=self.buffers)
         except Exception as exc:
-            raise RemoteProtocolError(f"cannot unpickle: {exc!r}") from exc
+            raise RemoteProtocolError(f"cannot unpickle: {describe(exc)}") from exc
 
 
 def _unpickle_all(value: Any, pending: list[_Pickled]) -> Any:

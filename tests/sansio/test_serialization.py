@@ -163,6 +163,28 @@ def test_hostile_bodies_raise_remote_protocol_error(frames: list[memoryview], ma
         Serializer().loads(frames)
 
 
+@pytest.mark.parametrize(
+    "frame",
+    [
+        b"\x00" * 2**20,  # a value (0), then a MiB of trailing bytes
+        b"\xa4\xff" + b"\x1b[2J" * 2**18,  # invalid UTF-8 in a string, then more
+        b"\xc1\x00\x1b]0;title\x07",  # a never-used byte, then terminal escapes
+    ],
+)
+def test_a_malformed_body_is_described_briefly(frame: bytes) -> None:
+    """The error says what is wrong in a line: it quotes none of the body's bytes
+    (a MiB of zeros would make a repr of 4 MiB), holds no copy of them (the
+    trailing bytes msgpack copies into its own exception are not chained), and
+    has no control characters."""
+    with pytest.raises(RemoteProtocolError, match="malformed message body") as info:
+        Serializer().loads([memoryview(frame)])
+    text = str(info.value)
+    assert len(text) < 400
+    assert text.isprintable()
+    assert not isinstance(info.value.__cause__, msgpack.ExtraData)
+    assert not isinstance(info.value.__context__, msgpack.ExtraData)
+
+
 def test_bad_pickle_is_remote_protocol_error() -> None:
     s = Serializer(allow_pickle=True)
     frames = [*body(msgpack.ExtType(EXT_PICKLE, struct.pack("!I", 0))), memoryview(b"garbage")]
