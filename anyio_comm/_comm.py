@@ -390,8 +390,10 @@ class Comm(ObjectStream[Any]):
             return self._serializer.loads(frames)
         except RemoteProtocolError as exc:
             exc.rule = "message-layer"
-            await self._fail(reason=reason_for_protocol_error(exc))
-            raise
+            error = exc.with_traceback(None)  # (its frames hold the message's buffers)
+        del frames  # (the message goes before the close record does)
+        await self._fail(reason=reason_for_protocol_error(error))
+        raise error
 
     async def receive_frames(self) -> Sequence[memoryview]:
         """Receive the next message as a sequence of frames.
@@ -536,6 +538,11 @@ class Comm(ObjectStream[Any]):
             raise TimeoutError(
                 f"the preamble of {self._peer_address} did not arrive within handshake_timeout"
             )
+        if decoder.decompression_due:
+            # Our side decompresses a frame (in a worker thread): the peer's
+            # timers do not run meanwhile.
+            await receiver.wait()
+            return
         if decoder.waiting_for_budget:
             # Our side holds the message back: neither the peer's timers run.
             account = decoder.account

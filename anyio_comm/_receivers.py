@@ -58,6 +58,21 @@ whole message at a time. Two engines do that:
   takes it, the decoder keeps its short frames back to back in one buffer,
   where they stay (a :class:`~anyio_comm._sansio.frames.PackedFrames`).
 
+Compressed frames of :data:`OFFLOAD_MIN` bytes and more (decompressed) are
+decompressed in a worker thread, never in the event loop's: the decoder stops
+at such a frame (:attr:`FrameDecoder.decompression_due
+<anyio_comm._sansio.decoder.FrameDecoder.decompression_due>`), the push
+engine leaves it to the task as it leaves a large frame, and the task's
+:meth:`~Receiver.wait` runs it in a thread (a cancellation waits for the
+thread, so the frame is kept for the next receive). The threads are shared
+per event loop, one fewer than the CPUs (at least one). Smaller frames are
+decompressed where they are decoded. Before a decompression in a thread, and
+after every :data:`CHECK_EVERY` bytes decompressed otherwise, the receiver
+asks the transport whether the peer reset the connection
+(:meth:`~anyio_comm._transports.base.Transport.peer_reset`): the bytes a peer
+sent before it reset still arrive, and a peer that sent compression bombs and
+left would otherwise keep the process busy decompressing them.
+
 Both receive the same bytes into the same buffers (a large frame's own buffer,
 without copying) with the same system calls. The push engine saves the
 receiving task a wake-up per read of a message of small frames that spans
@@ -72,11 +87,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import os
 from abc import ABCMeta, abstractmethod
 from typing import TYPE_CHECKING, Final
 
 import anyio
-from anyio import ClosedResourceError
+import anyio.to_thread
+from anyio import BrokenResourceError, CapacityLimiter, ClosedResourceError
+from anyio.lowlevel import RunVar
 
 from ._compat import final
 from ._sansio.budget import FRAME_COST
@@ -89,6 +107,7 @@ if TYPE_CHECKING:
     from ._backend import Backend
     from ._sansio.budget import BudgetAccount
     from ._sansio.connection import Connection
+    from ._sansio.decoder import FrameDecoder
     from ._sansio.frames import Frames
     from ._transports.base import Transport
 
@@ -110,6 +129,67 @@ MAX_QUEUED_MESSAGES: Final = 64
 #: (a larger message waits alone, and the next is not started: a stalled consumer
 #: costs what it does with the pull engine, the message it holds and one more)
 MAX_QUEUED_BYTES: Final = 64 * 1024
+#: compressed frames of at least this many bytes (decompressed) are decompressed in a
+#: worker thread (smaller ones, a millisecond of work at most, by whoever decodes)
+OFFLOAD_MIN: Final = 1024 * 1024
+#: after this many bytes decompressed without a check, the next compressed frame
+#: waits until the peer is seen to be still there (see _check_peer)
+CHECK_EVERY: Final = 16 * 1024 * 1024
+
+# the worker threads that decompress, per event loop: one fewer than the CPUs this
+# process may run on (at least one), so that the event loop keeps a CPU
+_decompressors: RunVar[CapacityLimiter] = RunVar("anyio_comm_decompressors")
+
+
+def _decompression_limiter() -> CapacityLimiter:
+    try:
+        return _decompressors.get()
+    except LookupError:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        limiter = CapacityLimiter(max(1, (cpus or 1) - 1))
+        _decompressors.set(limiter)
+        return limiter
+
+
+def _check_peer(transport: Transport) -> None:
+    """Raise BrokenResourceError if the peer reset the connection: the work its
+    last bytes would cost (decompressing them) is not done for a peer that left.
+
+    Raises:
+        anyio.BrokenResourceError: the peer reset the connection.
+    """
+    if transport.peer_reset():
+        raise BrokenResourceError(
+            "the peer reset the connection (the rest of what it sent is dropped)"
+        )
+
+
+async def _decompress_in_thread(decoder: FrameDecoder, transport: Transport) -> None:
+    """Run the decoder's due decompression in a worker thread (a cancellation
+    waits for it: nothing is lost, the next receive goes on from there)."""
+    _check_peer(transport)
+    decoder.prepare_decompression()
+    await anyio.to_thread.run_sync(decoder.decompress, limiter=_decompression_limiter())
+
+
+def _decompress_small(conn: Connection, transport: Transport) -> Frames | None:
+    """Run the decoder's due decompressions that are small enough to run here,
+    and decode on; return a message completed meanwhile, or ``None`` (then a
+    large one may be due: see :func:`_decompress_in_thread`).
+
+    Raises:
+        anyio.BrokenResourceError: the peer reset the connection.
+        RemoteProtocolError, EndOfData: as ``conn.next_message()``.
+    """
+    decoder = conn.decoder
+    while decoder.decompression_due and decoder.decompression_size < OFFLOAD_MIN:
+        _check_peer(transport)
+        decoder.prepare_decompression()
+        decoder.decompress()
+        frames = conn.next_message()
+        if frames is not None:
+            return frames
+    return None
 
 
 def _cost(frames: Frames) -> int:
@@ -201,7 +281,9 @@ class PullReceiver(Receiver):
     ) -> None:
         self._transport = transport
         self._conn = conn
-        self._decoder = conn.decoder
+        self._decoder = decoder = conn.decoder
+        decoder.offload_min = OFFLOAD_MIN
+        decoder.check_every = CHECK_EVERY
         # The last read from a plain socket came up short: it is empty, so do
         # not try it again before waiting.
         self._empty = False
@@ -225,6 +307,7 @@ class PullReceiver(Receiver):
             and not self._paused
             and not decoder.at_message_boundary
             and not decoder.waiting_for_budget
+            and not decoder.decompression_due
         )
 
     @property
@@ -240,8 +323,15 @@ class PullReceiver(Receiver):
         frames = None if self._waited else conn.next_message()
         self._waited = False
         decoder = self._decoder
-        if frames is None and not self._empty and not decoder.waiting_for_budget:
-            transport = self._transport
+        transport = self._transport
+        if frames is None and decoder.decompression_due:
+            frames = _decompress_small(conn, transport)
+        if (
+            frames is None
+            and not self._empty
+            and not decoder.waiting_for_budget
+            and not decoder.decompression_due
+        ):
             get_buffer = conn.get_buffer
             while True:
                 buffer = get_buffer()
@@ -254,10 +344,12 @@ class PullReceiver(Receiver):
                 else:
                     conn.receive_eof()
                 frames = conn.next_message()
+                if frames is None and decoder.decompression_size:  # (one is due)
+                    frames = _decompress_small(conn, transport)
                 if n < buffer.nbytes and not transport.buffers_data:
                     self._empty = True
                     break
-                if frames is not None or decoder.waiting_for_budget:
+                if frames is not None or decoder.waiting_for_budget or decoder.decompression_due:
                     break
         return frames
 
@@ -265,6 +357,8 @@ class PullReceiver(Receiver):
         decoder = self._decoder
         if decoder.waiting_for_budget:
             return _wait_for_grant(decoder.account)
+        if decoder.decompression_due:
+            return _decompress_in_thread(decoder, self._transport)
         self._waited = True
         if self.yield_due:
             # A short read inside a message: look again after one pass of the
@@ -346,7 +440,9 @@ class PushReceiver(Receiver):
     ) -> None:
         self._transport = transport
         self._conn = conn
-        self._decoder = conn.decoder
+        self._decoder = decoder = conn.decoder
+        decoder.offload_min = OFFLOAD_MIN
+        decoder.check_every = CHECK_EVERY
         self._loop = loop
         self._wake_on_bytes = wake_on_bytes
         # Wake the task once when a message is left incomplete by a callback (the
@@ -500,16 +596,28 @@ class PushReceiver(Receiver):
         """Queue every message the decoder can complete; return True if the
         callback is to stop reading: the queue became full (reading is then
         stopped), or the next message is the task's to read (see the module)."""
-        next_message = self._conn.next_message
+        conn = self._conn
+        next_message = conn.next_message
         queue = self._queue
-        while (frames := next_message()) is not None:
+        decoder = self._decoder
+        while True:
+            while (frames := next_message()) is not None:
+                queue.append(frames)
+                self._queued_bytes += _cost(frames)
+                if self._queued_bytes >= MAX_QUEUED_BYTES or len(queue) >= MAX_QUEUED_MESSAGES:
+                    self._paused = True
+                    return True
+            if not decoder.decompression_due:
+                break
+            frames = _decompress_small(conn, self._transport)
+            if frames is None:
+                break  # a large one is due: the task runs it (in a thread)
             queue.append(frames)
             self._queued_bytes += _cost(frames)
             if self._queued_bytes >= MAX_QUEUED_BYTES or len(queue) >= MAX_QUEUED_MESSAGES:
                 self._paused = True
                 return True
-        decoder = self._decoder
-        if decoder.frame_buffer_due or decoder.many_frames_due:
+        if decoder.frame_buffer_due or decoder.many_frames_due or decoder.decompression_due:
             self._pulling = True  # the task reads this message (see the module)
             return True
         return False
@@ -549,6 +657,13 @@ class PushReceiver(Receiver):
         decoder.defer_many_frames = False
         try:
             while (frames := conn.next_message()) is None:
+                if decoder.decompression_due:
+                    frames = _decompress_small(conn, transport)
+                    if frames is not None:
+                        break
+                    if decoder.decompression_size:
+                        return None  # a large one is due: the task's wait() runs it
+                    continue
                 buffer = get_buffer()
                 n = transport.receive_into_nowait(buffer)
                 if n is None:
@@ -635,6 +750,9 @@ class PushReceiver(Receiver):
     def wait(self) -> Awaitable[None]:
         if self._closed:
             raise ClosedResourceError
+        decoder = self._decoder
+        if self._pulling and decoder.decompression_due:
+            return _decompress_in_thread(decoder, self._transport)
         if self.yield_due:
             # A short read inside the message the task reads: look again after
             # one pass of the event loop (see the module).

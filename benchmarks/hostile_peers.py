@@ -18,6 +18,16 @@ send a valid preamble and then, per ``--scenario``:
   and keeps while the connection is open: what a taken message holds (as frame
   objects, 6.4 MB each);
 * ``idle``: nothing after the preamble.
+* ``bomb``: compression on both sides (``compression=("zstd",)``), and each peer
+  sends ``--bombs`` (1) messages of a nil body and one frame compressed with
+  Zstandard that declares ``--declare`` bytes (1 GiB) of zeros: about 32 KB on
+  the wire (the server's handler echoes the nil). It runs its own
+  steps: a legitimate client does a 1 KB round trip every 10 ms throughout; the
+  peers connect together, stay ``--attack`` seconds (5), then leave (they never
+  read, so their sockets reset). Reported: the server's peak and resident memory,
+  the legitimate round trips' p50, p99 and worst during the attack and after it,
+  and the server's CPU time in the second after the peers left and in the
+  second after that (``idle``: under 5 % of a CPU).
 
 They are opened in steps (``--peers``, cumulative counts); after each step
 and a settling second the server reports its resident set size (``VmRSS``),
@@ -27,7 +37,11 @@ reported. The server is pinned to the first CPU, the client to the second
 (``os.sched_setaffinity``), as in ``benchmarks.echo``; the output says which.
 
 Targets (default options): 64 peers declaring 1 GiB frames grow the server by
-less than 512 MiB, and the legitimate client's round trips all succeed.
+less than 512 MiB, and the legitimate client's round trips all succeed; 64 peers
+sending 1 GiB bombs grow it by less than the receive budget plus one larger
+message plus the pool's slabs (256 MiB + 1 GiB + 1 GiB: the bound), the worst
+legitimate round trip during the attack is under 100 ms, and the server is idle
+in the second that begins one second after the peers left.
 
 Run from the repository root::
 
@@ -36,12 +50,16 @@ Run from the repository root::
     python -m benchmarks.hostile_peers --scenario frames --peers 0,16,64
     python -m benchmarks.hostile_peers --scenario taken --peers 0,16,64
     python -m benchmarks.hostile_peers --scenario idle --peers 0,1000
+    python -m benchmarks.hostile_peers --scenario bomb --peers 0,1,64
+    python -m benchmarks.hostile_peers --scenario bomb --peers 0,4 --declare 16MiB \
+        --bombs 100000 --attack 10
     python -m benchmarks.hostile_peers --unprotected --peers 0,1,4   # the old behaviour
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import struct
 import sys
@@ -53,6 +71,8 @@ import anyio
 import anyio.to_thread
 
 import anyio_comm
+from anyio_comm._sansio.budget import DEFAULT_RECEIVE_BUDGET
+from anyio_comm._sansio.compression import CODEC_SHIFT, CODECS
 from anyio_comm._sansio.wire import SMALL_COUNT, encode_header, encode_preamble
 
 from . import _harness
@@ -65,7 +85,7 @@ from ._harness import (
     run_backend,
     server_context,
 )
-from .backpressure import read_memory
+from .backpressure import read_memory, reset_peak_rss
 from .many_connections import FD_MARGIN, raise_fd_limit
 
 if TYPE_CHECKING:
@@ -74,12 +94,15 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
 TRANSPORTS = ("tcp", "tls")
-SCENARIOS = ("declare", "frames", "taken", "idle")
+SCENARIOS = ("declare", "frames", "taken", "idle", "bomb")
 TLS_VERSION = "1.3"
 SETTLE = 1.0  # seconds between opening a step's peers and measuring
 STEP_TIMEOUT = 120.0  # seconds for one step (opening peers and the round trips)
 GROWTH_TARGET = 512 * 2**20  # bytes: 64 peers declaring 1 GiB must grow the server less
 TARGET_PEERS = 64
+BOMB_CODEC = "zstd"
+BOMB_INTERVAL = 0.01  # seconds between the legitimate client's round trips
+IDLE_CPU = 0.05  # CPU seconds in a second: the server is idle below it
 UNPROTECTED_MAX = 8  # peers x 1 GiB committed: keep the machine alive
 
 
@@ -96,6 +119,8 @@ class Case:
     messages: int
     round_trips: int
     unprotected: bool
+    attack: float = 5.0
+    bombs: int = 1
 
 
 # -- server ---------------------------------------------------------------------
@@ -122,6 +147,8 @@ async def _server(
                 await comm.send_frames(frames)
 
     options: dict[str, Any] = {"ssl_context": ssl_context}
+    if case.scenario == "bomb":
+        options["compression"] = (BOMB_CODEC,)
     if case.unprotected:
         options.update(receive_budget=None, allocator=bytearray, message_timeout=None)
     lifetime = STARTUP_TIMEOUT + STEP_TIMEOUT * (len(case.peers) + 1)
@@ -136,10 +163,14 @@ async def _server(
                     return
                 if command == "stop":
                     return
+                if command == "reset peak":
+                    reset_peak_rss()
                 budget = listener.receive_budget
+                times = os.times()
                 conn.send(
                     {
                         **read_memory(),
+                        "cpu": times.user + times.system,
                         "budget_in_use": budget.in_use if budget else None,
                         "budget_waiting": budget.waiting if budget else None,
                         "connections": listener.active_connections,
@@ -174,6 +205,9 @@ async def _open_peer(
 async def _client(
     conn: Connection, case: Case, address: str, ssl_context: ssl.SSLContext | None
 ) -> None:
+    if case.scenario == "bomb":
+        await _bomb_client(conn, case, address, ssl_context)
+        return
     host, port = address.split("://")[1].rsplit(":", 1)
     first = encode_preamble(anyio_comm.Limits())
     if case.scenario == "declare":
@@ -229,6 +263,176 @@ async def _client(
                         "errors": errors,
                     }
                 )
+
+
+def bomb_message(size: int) -> bytes:
+    """A valid message: a nil body and an out-of-band frame it does not refer to,
+    compressed with Zstandard, that declares ``size`` bytes (``size`` zeros)."""
+    import cramjam  # (the lz4 extra)
+
+    zeros = bytearray(size)
+    compressed = bytes(cramjam.zstd.compress(zeros, level=1))
+    del zeros
+    entry = (CODECS[BOMB_CODEC] << CODEC_SHIFT) | size
+    header = struct.pack("!IQQ", 2, 1, entry)
+    return header + b"\xc0" + struct.pack("!Q", len(compressed)) + compressed
+
+
+async def _bomb_client(
+    conn: Connection, case: Case, address: str, ssl_context: ssl.SSLContext | None
+) -> None:
+    """The bomb scenario's client: per step, the legitimate client's round trips
+    before, during and after the peers' attack (see the module)."""
+    bomb = bomb_message(case.declare)
+    options: dict[str, Any] = {"ssl_context": ssl_context} if ssl_context is not None else {}
+    async with await anyio_comm.connect(address, timeout=STARTUP_TIMEOUT, **options) as comm:
+        while (command := await anyio.to_thread.run_sync(conn.recv)) != "stop":
+            with anyio.fail_after(STEP_TIMEOUT + case.attack):
+                conn.send(await _bomb_step(conn, case, comm, address, command, bomb, ssl_context))
+
+
+async def _bomb_step(
+    conn: Connection,
+    case: Case,
+    comm: anyio_comm.Comm,
+    address: str,
+    count: int,
+    bomb: bytes,
+    ssl_context: ssl.SSLContext | None,
+) -> dict[str, Any]:
+    """One step: ``count`` peers bomb the server while ``comm`` does round trips."""
+    host, port = address.split("://")[1].rsplit(":", 1)
+    peers: list[anyio.abc.ByteStream] = []
+    samples: list[tuple[float, float]] = []  # (start, round trip)
+    errors = 0
+    payload = b"x" * 1000
+    limiter = anyio.CapacityLimiter(100)
+
+    async def ping() -> None:
+        nonlocal errors
+        while True:
+            start = time.monotonic()
+            try:
+                await comm.send(payload)
+                if bytes(await comm.receive()) != payload:
+                    errors += 1
+            except (anyio.BrokenResourceError, anyio.EndOfStream):
+                errors += 1
+                return
+            samples.append((start, time.monotonic() - start))
+            await anyio.sleep(BOMB_INTERVAL)
+
+    preamble = encode_preamble(anyio_comm.Limits(), compression=(BOMB_CODEC,))
+
+    async def attacker() -> None:
+        async with limiter:
+            stream = await _open_peer(host, int(port), ssl_context, preamble + bomb)
+        peers.append(stream)
+        for _ in range(case.bombs - 1):  # (their sends block once the kernel's buffers fill)
+            await stream.send(bomb)
+        await anyio.sleep_forever()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ping)
+        await anyio.sleep(SETTLE)
+        attack = time.monotonic()
+        async with anyio.create_task_group() as attackers:
+            for _ in range(count):
+                attackers.start_soon(attacker)
+            await anyio.sleep(case.attack)
+            attackers.cancel_scope.cancel()
+        for stream in peers:
+            await anyio.aclose_forcefully(stream)  # (unread bytes: their sockets reset)
+        left = time.monotonic()
+        conn.send("left")
+        await anyio.to_thread.run_sync(conn.recv)  # the server reported
+        tg.cancel_scope.cancel()
+
+    def figures(lo: float, hi: float) -> dict[str, float | None]:
+        ordered = sorted(rtt for start, rtt in samples if lo <= start < hi)
+        if not ordered:
+            return {"p50_ms": None, "p99_ms": None, "max_ms": None}
+        return {
+            "p50_ms": ordered[len(ordered) // 2] * 1e3,
+            "p99_ms": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))] * 1e3,
+            "max_ms": ordered[-1] * 1e3,
+        }
+
+    return {"attack": figures(attack, left), "after": figures(left, math.inf), "errors": errors}
+
+
+def run_bomb_case(
+    ctx: Any, case: Case, cpus: tuple[int | None, int | None], tls: TLSFiles | None
+) -> dict[str, Any]:
+    """The bomb scenario's steps (see the module)."""
+    steps = []
+    with ProcessPair(ctx, "hostile", cpus) as pair:
+        server, address = pair.start_server(server_main, case, tls)
+        client = pair.start_client(client_main, case, tls, address)
+        server.send("report")
+        start = server.receive(time.monotonic() + STARTUP_TIMEOUT)  # before any peer
+        for peers in case.peers:
+            server.send("reset peak")
+            server.receive(time.monotonic() + STARTUP_TIMEOUT)
+            client.send(peers)
+            client.receive(time.monotonic() + STEP_TIMEOUT + case.attack)  # "left"
+            reports = []
+            for _ in range(3):  # when they left, 1 s later, 2 s later
+                server.send("report")
+                reports.append(server.receive(time.monotonic() + STARTUP_TIMEOUT))
+                time.sleep(1.0)
+            client.send("go")
+            legit = client.receive(time.monotonic() + STEP_TIMEOUT)
+            steps.append(
+                {  # (growth: the step's peak above the level before any peer)
+                    "peers": peers,
+                    **reports[-1],
+                    **legit,
+                    "growth": reports[-1]["hwm"] - start["rss"],
+                    "cpu_first_s": reports[1]["cpu"] - reports[0]["cpu"],
+                    "cpu_next_s": reports[2]["cpu"] - reports[1]["cpu"],
+                }
+            )
+        client.send("stop")
+        server.send("stop")
+    met = None
+    at_target = [s for s in steps if s["peers"] == TARGET_PEERS]
+    if at_target and case.declare >= 2**30:
+        step = at_target[0]
+        # the budget, one larger message, the pool's slab of the one before it
+        bound = DEFAULT_RECEIVE_BUDGET + 2 * case.declare
+        met = (
+            step["growth"] < bound
+            and (step["attack"]["max_ms"] or math.inf) < 100
+            and step["cpu_next_s"] < IDLE_CPU
+            and step["errors"] == 0
+        )
+    return {**asdict(case), "steps": steps, "target_met": met}
+
+
+def format_bomb_table(results: list[dict[str, Any]]) -> str:
+    """One row per step and backend (the bomb scenario)."""
+    head = (
+        f"{'peers':>6}{'growth MiB':>12}{'RSS MiB':>10}{'attack p50/p99/max ms':>24}"
+        f"{'after p99/max ms':>18}{'CPU +0-1 s':>12}{'+1-2 s':>8}{'errors':>8}"
+    )
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    def figures(r: dict[str, Any]) -> list[str]:
+        rows = []
+        for s in r["steps"]:
+            a, b = s["attack"], s["after"]
+            attack = f"{ms(a['p50_ms'])}/{ms(a['p99_ms'])}/{ms(a['max_ms'])}"
+            after = f"{ms(b['p99_ms'])}/{ms(b['max_ms'])}"
+            rows.append(
+                f"{s['peers']:>6}{_mib(s['growth']):>12}{_mib(s['rss']):>10}{attack:>24}"
+                f"{after:>18}{s['cpu_first_s']:>12.2f}{s['cpu_next_s']:>8.2f}{s['errors']:>8}"
+            )
+        return rows[:1] + [" " * 19 + row for row in rows[1:]]
+
+    return _harness.backend_table(head, results, figures)
 
 
 def client_main(conn: Connection, case: Case, tls: TLSFiles | None, address: str) -> None:
@@ -325,11 +529,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add("--round-trips", type=_harness.positive_int, default=50, help="1 KB ones (default: 50)")
     add("--unprotected", action="store_true", help="no budget, frames committed at their header")
+    add(
+        "--attack",
+        type=float,
+        default=5.0,
+        help="seconds the bomb scenario's peers stay before they leave (default: 5)",
+    )
+    add(
+        "--bombs",
+        type=_harness.positive_int,
+        default=1,
+        help="messages each peer of the bomb scenario sends, one after another (default: 1)",
+    )
     _harness.add_backend_options(parser, TRANSPORTS)
     _harness.add_output_options(parser)
     args = parser.parse_args(argv)
     if args.peers is None:
-        args.peers = [0, 1000] if args.scenario == "idle" else [0, 16, 64, 256]
+        args.peers = {"idle": [0, 1000], "bomb": [0, 1, 64]}.get(args.scenario, [0, 16, 64, 256])
     if sorted(args.peers) != args.peers or not args.peers or args.peers[0] < 0:
         parser.error("--peers must be increasing counts from 0 up")
     if args.frames > anyio_comm.Limits().max_frames:
@@ -358,6 +574,8 @@ def main(argv: list[str] | None = None) -> int:
         "frames": f"each sending the header of a message of {args.frames:,} frames",
         "taken": f"each sending {args.messages} messages of {args.frames:,} empty frames, kept",
         "idle": "idle after the preamble",
+        "bomb": f"each sending {args.bombs:,} {BOMB_CODEC} bombs of {args.declare:,} bytes, "
+        f"leaving after {args.attack:g} s",
     }[args.scenario]
     print(f"{args.transport}, {mode}; peers {what}", flush=True)
     cases = [
@@ -371,21 +589,31 @@ def main(argv: list[str] | None = None) -> int:
             args.messages,
             args.round_trips,
             args.unprotected,
+            args.attack,
+            args.bombs,
         )
         for backend in backends
     ]
     results = _harness.run_backends(
         cases,
-        run_case,
+        run_bomb_case if args.scenario == "bomb" else run_case,
         run.cpus,
         "hostile-tls-" if args.transport == "tls" else None,
         lambda r: f"last step: growth {_mib(r['steps'][-1]['growth'])} MiB",
     )
-    print(format_table(results))
-    print(
-        "\ngrowth: the server's RSS above its level before any peer; budget: the listener's "
-        "receive budget in use; waiting: connections waiting for it"
-    )
+    if args.scenario == "bomb":
+        print(format_bomb_table(results))
+        print(
+            "\ngrowth: the server's peak RSS during the step above its RSS before any peer; "
+            "attack, after: the legitimate round trips while the peers were there, and after; "
+            "CPU: the server's CPU seconds in the first and the second second after they left"
+        )
+    else:
+        print(format_table(results))
+        print(
+            "\ngrowth: the server's RSS above its level before any peer; budget: the listener's "
+            "receive budget in use; waiting: connections waiting for it"
+        )
     if args.json:
         metadata = run.metadata(args, tls=_harness.transport_tls(args, TLS_VERSION))
         _harness.write_json(args.json, {"metadata": metadata, "results": results})

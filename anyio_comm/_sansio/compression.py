@@ -23,6 +23,7 @@ from __future__ import annotations
 import struct
 from typing import TYPE_CHECKING, Any, Final
 
+from .buffers import allocate, default_allocator
 from .errors import RemoteProtocolError
 
 if TYPE_CHECKING:
@@ -167,16 +168,17 @@ class Compressor:
         # The worst case of either codec is a little over the input; a frame that
         # does not fit in 0.9 of its size is sent as it is anyway.
         room = int(size * MAX_RATIO)
-        out = bytearray(_PREFIX.size + room + 1024)
-        view = memoryview(out)
+        # (from LAZY_COMMIT_SIZE, memory whose pages are committed as the codec
+        # writes them: a frame that compresses well costs what it compresses to)
+        out = allocate(default_allocator, _PREFIX.size + room + 1024)
         try:
-            written = self._compress(frame, view[_PREFIX.size :])
+            written = self._compress(frame, out[_PREFIX.size :])
         except Exception:  # the output did not fit: not worth it
             return None
         if written > room:
             return None
         _PREFIX.pack_into(out, 0, written)
-        return view[: _PREFIX.size + written]
+        return out[: _PREFIX.size + written]
 
     def _sample_compresses(self, frame: memoryview) -> bool:
         size = frame.nbytes

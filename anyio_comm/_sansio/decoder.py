@@ -47,6 +47,11 @@ their own, at most the frame's length less one, then decompressed into the
 frame's buffer; while it is read, that buffer adds at most as much again as
 the frame. What a message of compressed frames holds is bounded by the limits,
 not by the bytes that arrived (``received_in_message`` counts the latter).
+A frame of :attr:`~FrameDecoder.offload_min` bytes or more is not decompressed
+by :meth:`~FrameDecoder.next_message`: it stops there with
+:attr:`~FrameDecoder.decompression_due` set, and the I/O layer runs
+:meth:`~FrameDecoder.decompress`, in a worker thread say (the decoder is not
+touched meanwhile), then calls :meth:`~FrameDecoder.next_message` again.
 
 Many frames: a frame object per frame (a buffer object and a memoryview, about
 380 bytes beside the frame's bytes, as Python allocates them) would let a peer
@@ -232,12 +237,18 @@ class FrameDecoder:
         "_view",
         "_zadjust",
         "_zcodecs",
+        "_zerror",
+        "_zinline",
+        "_zjob",
         "_zphase",
         "budget_min",
+        "check_every",
+        "decompression_due",
         "defer_many_frames",
         "frame_buffer_due",
         "hold_reservations",
         "many_frames_due",
+        "offload_min",
         "on_handshake",
         "waiting_for_budget",
     )
@@ -263,9 +274,30 @@ class FrameDecoder:
         self._codecs: frozenset[int] = frozenset(CODECS[name] for name in compression)
         # the compressed frames of the message being received: index -> codec
         # (None: it has none); the phase of the one being read: 0 none, 1 its
-        # compressed length, 2 its compressed bytes
+        # compressed length, 2 its compressed bytes, 3 its decompression (left
+        # to the I/O layer: see decompression_due; then the frame is _target)
         self._zcodecs: dict[int, int] | None = None
         self._zphase = 0
+        # the decompression left to the I/O layer: codec, compressed bytes,
+        # length, and the frame's buffer (None: allocated by decompress())
+        self._zjob: tuple[int, memoryview, int, memoryview | None] | None = None
+        # what that decompression raised, raised by the next next_message()
+        self._zerror: RemoteProtocolError | None = None
+        # bytes decompressed here since the I/O layer last ran a decompression
+        self._zinline = 0
+        #: compressed frames of at least this length (decompressed) are not
+        #: decompressed here: :meth:`next_message` stops with
+        #: :attr:`decompression_due` set, and the I/O layer runs
+        #: :meth:`decompress` (in a worker thread, say) before it calls
+        #: :meth:`next_message` again
+        self.offload_min = LENGTH_MASK + 1
+        #: ... and so is the next compressed frame once this many bytes were
+        #: decompressed here since the I/O layer last ran one (so that it can
+        #: check from time to time that the peer is still there)
+        self.check_every = LENGTH_MASK + 1
+        #: a compressed frame waits for :meth:`decompress` (see :attr:`offload_min`):
+        #: call nothing else on this decoder (not even :meth:`get_buffer`) before
+        self.decompression_due = False
         # what the message's compressed frames took on the wire, less what they
         # count as (their decompressed lengths, their prefix in _filled)
         self._zadjust = 0
@@ -393,6 +425,62 @@ class FrameDecoder:
         """What ended the stream (a protocol error or the end of data), or ``None``."""
         return self._end_error
 
+    @property
+    def decompression_size(self) -> int:
+        """The length of the frame :attr:`decompression_due` waits for (0: none)."""
+        job = self._zjob
+        return 0 if job is None else job[2]
+
+    def prepare_decompression(self) -> None:
+        """Allocate the buffer of the frame :attr:`decompression_due` waits for,
+        unless :meth:`decompress` may do it in another thread (the default
+        allocator: then it does, the zeroing of a ``bytearray`` being work too).
+        Call it in the event loop's thread, when the frame is wanted (the
+        consumer let go of the previous message), before :meth:`decompress`.
+
+        Raises:
+            RuntimeError: no decompression is due.
+            MemoryError: as the allocator raises it.
+        """
+        job = self._zjob
+        if job is None:
+            raise RuntimeError("no decompression is due")
+        if job[3] is None and self._allocator is not default_allocator:
+            self._zjob = (*job[:3], allocate(self._allocator, job[2]))
+
+    def decompress(self) -> None:
+        """Run the decompression :attr:`decompression_due` announced (after
+        :meth:`prepare_decompression`).
+
+        It may run in another thread, provided nothing else calls this
+        decoder meanwhile. It raises nothing: bytes that do not decompress
+        make the next :meth:`next_message` raise :exc:`RemoteProtocolError`.
+
+        Raises:
+            RuntimeError: no decompression is due.
+        """
+        job = self._zjob
+        if job is None:
+            raise RuntimeError("no decompression is due")
+        codec, data, length, frame = job
+        try:
+            if frame is None:
+                frame = allocate(default_allocator, length)
+            decompress_into(codec, data, frame)
+        except RemoteProtocolError as exc:
+            self._zerror = exc.with_traceback(None)
+            frame = None  # (not kept: the next next_message() raises)
+        except MemoryError:
+            self._zerror = RemoteProtocolError(
+                f"no memory for a compressed frame of {length} bytes", rule="wire-format"
+            )
+            frame = None
+        self._zjob = None
+        if frame is not None and self._state is not _ENDED:
+            self._target = frame
+            self._filled = length
+        self.decompression_due = False
+
     # -- feeding -----------------------------------------------------------
 
     def get_buffer(self) -> memoryview:
@@ -484,7 +572,7 @@ class FrameDecoder:
             return self._parse_preamble()
         except (RemoteProtocolError, EndOfData) as exc:
             self._stop(exc)
-            raise
+        self._raise_again()  # (outside the handler: see _stop)
 
     def _parse_preamble(self) -> Handshake | None:
         start = self._start
@@ -585,7 +673,7 @@ class FrameDecoder:
             return self._next_message()
         except (RemoteProtocolError, EndOfData) as exc:
             self._stop(exc)
-            raise
+        self._raise_again()  # (outside the handler: see _stop)
 
     def _whole_message(self, start: int, avail: int, count: int) -> list[memoryview] | None:
         """The frames of a message of ``count`` frames (at most the limit) that lies
@@ -617,6 +705,10 @@ class FrameDecoder:
     def _next_message(self) -> Frames | None:
         """The general path of :meth:`next_message`: any state, any message shape."""
         state = self._state
+        if self.decompression_due:
+            return None  # the I/O layer runs decompress() first
+        if self._zerror is not None:
+            raise self._zerror
         if self.waiting_for_budget:
             if self._account is not None and self._account.wanted:
                 self._check_eof("a message")
@@ -692,6 +784,8 @@ class FrameDecoder:
             if self._zphase:
                 target = self._compressed_step(target, len(self._frames))
                 if target is None:
+                    if self._zjob is not None:
+                        return None  # the I/O layer decompresses it
                     continue  # its compressed bytes are the target now
             if state is _LENGTHS:
                 self._begin_frames(unpack_lengths(target, 0, target.nbytes // 8))
@@ -843,14 +937,16 @@ class FrameDecoder:
     def _compressed_step(self, target: memoryview, index: int) -> memoryview | None:
         """A compressed frame's ``target`` is full: after its compressed length, the
         target of its compressed bytes (``None`` returned); after those, its
-        decompressed frame.
+        decompressed frame, or ``None`` with :attr:`decompression_due` set (the
+        I/O layer decompresses it); after that, the frame ``target`` is.
 
         Raises:
             RemoteProtocolError: a compressed length of 0 or not below the frame's
                 length, or bytes that do not decompress to exactly that length.
         """
         length = self._lengths[index]
-        if self._zphase == 1:
+        phase = self._zphase
+        if phase == 1:
             compressed = int.from_bytes(target, "big")
             if not 0 < compressed < length:
                 raise RemoteProtocolError(
@@ -864,10 +960,25 @@ class FrameDecoder:
             self._filled = 0
             return None
         self._zphase = 0
+        if phase == 3:
+            return target  # decompressed by decompress()
         self._zadjust += target.nbytes - length  # on the wire: its compressed bytes
         assert self._zcodecs is not None
+        codec = self._zcodecs[index]
+        if length >= self.offload_min or self._zinline + length > self.check_every:
+            # (its buffer is allocated when the I/O layer runs it: see decompress)
+            self._zjob = (codec, target, length, None)
+            self._zphase = 3
+            self._zinline = 0
+            self.decompression_due = True
+            return None
+        self._zinline += length
         frame = allocate(self._allocator, length)
-        decompress_into(self._zcodecs[index], target, frame)
+        try:
+            decompress_into(codec, target, frame)
+        except RemoteProtocolError:
+            del frame  # (the error's traceback must not hold the frame's buffer)
+            raise
         return frame
 
     def _fill_packed(self) -> PackedFrames | None:
@@ -893,6 +1004,8 @@ class FrameDecoder:
                 if self._zphase:
                     target = self._compressed_step(target, self._index)
                     if target is None:
+                        if self._zjob is not None:
+                            return None  # the I/O layer decompresses it
                         continue
                 if target.nbytes < PACK_BELOW:
                     small += target  # a short compressed frame: packed like the others
@@ -973,8 +1086,11 @@ class FrameDecoder:
         return frames
 
     def _stop(self, error: RemoteProtocolError | EndOfData) -> None:
-        """Enter the final state: every later call raises ``error`` again."""
+        """Enter the final state: every later call raises ``error`` again (as a
+        new exception: kept without its traceback and context, whose frames may
+        hold a message's buffers, and raised outside the handler that caught it)."""
         self._state = _ENDED
+        error.__traceback__ = error.__context__ = error.__cause__ = None
         self._end_error = error
         if self._reserved:
             account = self._account
@@ -989,7 +1105,8 @@ class FrameDecoder:
         self._zphase = 0
         self._zcodecs = None
         self._zadjust = 0
-        self.frame_buffer_due = self.many_frames_due = False
+        self._zjob = self._zerror = None
+        self.frame_buffer_due = self.many_frames_due = self.decompression_due = False
         self._frames = []
         self._small = bytearray()
         self._index = 0

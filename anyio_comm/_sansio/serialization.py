@@ -58,6 +58,11 @@ DEFAULT_OOB_THRESHOLD: Final = 4096
 #: as 1); msgpack's unpacker refuses deeper bodies, and so does the sender
 MAX_DEPTH: Final = 1024
 
+#: bodies of at least this many bytes are decoded a chunk of this size at a time:
+#: msgpack's one-call decoder copies everything after a body's value into the
+#: error it raises (up to the whole body, a decompressed gigabyte say), where the
+#: chunked one stops after the value
+CHUNKED_BODY: Final = 1024 * 1024
 _INDEX = struct.Struct("!I")
 _BYTES_TYPES: Final = (bytes, bytearray, memoryview, pickle.PickleBuffer)
 #: exact types that never hold a buffer: passed to msgpack as they are
@@ -300,29 +305,59 @@ class Serializer:
             # (a PackedFrames' values are made once each, when the body refers to them)
             oob = frames[1:] if type(frames) is not PackedFrames else OutOfBand(frames)
             ext_hook = functools.partial(self._ext_hook, oob, pending)
+        body = frames[0]
+        trailing = 0
         try:
-            value = msgpack.unpackb(
-                frames[0],
-                ext_hook=ext_hook,
-                raw=False,
-                strict_map_key=True,
-                timestamp=0,
-            )
+            if len(body) < CHUNKED_BODY:
+                value = msgpack.unpackb(
+                    body, ext_hook=ext_hook, raw=False, strict_map_key=True, timestamp=0
+                )
+            else:
+                view = memoryview(body).cast("B")
+                unpacker = msgpack.Unpacker(
+                    _Chunks(view),
+                    read_size=CHUNKED_BODY,
+                    max_buffer_size=view.nbytes,
+                    ext_hook=ext_hook,
+                    raw=False,
+                    strict_map_key=True,
+                    timestamp=0,
+                )
+                value = unpacker.unpack()
+                trailing = view.nbytes - unpacker.tell()
         except RemoteProtocolError:
             raise
         except msgpack.ExtraData as exc:
-            problem = f"{len(exc.extra)} bytes after its value"
+            trailing = len(exc.extra)
         except Exception as exc:
             # msgpack raises FormatError, StackError, ValueError, TypeError
             # (unhashable or non-str key) and UnicodeDecodeError.
             problem = describe(exc)
         else:
-            if pending:
-                return _unpickle_all(value, pending)
-            return value
+            if not trailing:
+                if pending:
+                    return _unpickle_all(value, pending)
+                return value
+        if trailing:
+            problem = f"{trailing} byte{'s' if trailing != 1 else ''} after its value"
         # (raised here, not chained: msgpack's exceptions hold copies of the body's
         # bytes, up to all of them)
         raise RemoteProtocolError(f"malformed message body: {problem}")
+
+
+class _Chunks:
+    """A body as a file that msgpack's unpacker reads a chunk at a time."""
+
+    __slots__ = ("_position", "_view")
+
+    def __init__(self, view: memoryview) -> None:
+        self._view = view
+        self._position = 0
+
+    def read(self, n: int) -> bytes:
+        position = self._position
+        self._position = position + n
+        return self._view[position : position + n].tobytes()
 
 
 class _Pickled:

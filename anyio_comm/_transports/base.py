@@ -91,6 +91,13 @@ class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
     def stop_reading(self) -> None:
         """Stop the callbacks of :meth:`start_reading` (no error if not reading)."""
 
+    def peer_reset(self) -> bool:
+        """True when the peer is known to have reset the connection, even though
+        bytes it sent before may still wait to be received (TCP delivers them
+        first). A cheap check, for a receiver about to do costly work for those
+        bytes; False where the transport cannot tell."""
+        return False
+
     def readable(self) -> None:
         """Called by the :meth:`start_reading` callback: the event loop reported
         the socket readable, so the next :meth:`receive_into_nowait` must try

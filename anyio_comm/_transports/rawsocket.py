@@ -49,6 +49,7 @@ import asyncio
 import errno
 import os
 import socket
+import sys
 import weakref
 from typing import TYPE_CHECKING, Any, Final
 
@@ -81,6 +82,10 @@ except (AttributeError, ValueError, OSError):  # pragma: no cover
     IOV_MAX = 16  # type: ignore[misc]
 
 _HAS_SENDMSG: Final = hasattr(socket.socket, "sendmsg")
+# Linux's TCP_INFO: its first byte is the connection's state, TCP_CLOSE (7) once
+# the peer reset it (None where the option is missing)
+_TCP_INFO: Final = getattr(socket, "TCP_INFO", None) if sys.platform == "linux" else None
+_TCP_CLOSE: Final = 7
 
 
 def _call_weakly(
@@ -449,6 +454,15 @@ class SocketTransport(Transport, SocketStream):
 
     def readable(self) -> None:
         self._drained = False
+
+    def peer_reset(self) -> bool:
+        sock = self._sock
+        if _TCP_INFO is None or self._closed or sock.family == socket.AF_UNIX:
+            return False
+        try:
+            return sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, 1)[0] == _TCP_CLOSE
+        except OSError:
+            return False
 
     def start_reading(self, callback: Callable[[], None]) -> bool:
         reader = self._reader

@@ -317,6 +317,9 @@ class TLSTransport(Transport):
             raise ClosedResourceError
         await self._inner.wait_readable()
 
+    def peer_reset(self) -> bool:
+        return self._inner.peer_reset()
+
     def readable(self) -> None:
         self._inner.readable()
 

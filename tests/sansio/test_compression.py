@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import random
 import struct
+import threading
 
 import pytest
 from hypothesis import given, settings
@@ -50,9 +51,14 @@ def receive(conn: Connection, data: bytes, chunks: list[int]) -> list[list[bytes
     messages = []
     view = memoryview(data)
     i = 0
+    decoder = conn.decoder
     while True:
-        while (frames := conn.next_message()) is not None:
-            messages.append([bytes(frame) for frame in frames])
+        while (frames := conn.next_message()) is not None or decoder.decompression_due:
+            if frames is None:  # (as the I/O layer does, in a worker thread say)
+                decoder.prepare_decompression()
+                decoder.decompress()
+            else:
+                messages.append([bytes(frame) for frame in frames])
         if not view:
             return messages
         buffer = conn.get_buffer()
@@ -144,15 +150,24 @@ def test_no_compression_on_a_version_1_connection() -> None:
     codec=st.sampled_from(["lz4", "zstd"]),
     pooled=st.booleans(),
     seed=st.integers(0, 2**32),
+    offload_min=st.sampled_from([None, 1, 100_000]),
+    check_every=st.sampled_from([None, 0, 300_000]),
 )
-def test_round_trip_in_any_chunking(shapes, chunks, read_buffer_size, codec, pooled, seed) -> None:
+def test_round_trip_in_any_chunking(
+    shapes, chunks, read_buffer_size, codec, pooled, seed, offload_min, check_every
+) -> None:
     """Messages of compressed and stored frames (and many-frame messages, whose short
     frames the receiver packs, beside short compressed frames, which it does not)
-    arrive intact whatever the reads' sizes."""
+    arrive intact whatever the reads' sizes, and whichever decompressions are left
+    to the I/O layer."""
     allocator = BufferPool() if pooled else None
     sender, receiver = connected(
         (codec,), ("lz4", "zstd"), read_buffer_size=read_buffer_size, allocator=allocator
     )
+    if offload_min is not None:
+        receiver.decoder.offload_min = offload_min
+    if check_every is not None:
+        receiver.decoder.check_every = check_every
     # The reference sender compresses nothing under 64 KiB; the protocol allows any
     # frame of 2 bytes or more, which the receiver must read in any message.
     sender._compressor = Compressor(codec, min_size=2)
@@ -297,3 +312,87 @@ def test_a_codec_listed_twice_counts_at_its_first_position(
     conn.receive_data(b"\x89ACOMM\r\n" + struct.pack("!HH", 2, len(body)) + body)
     handshake = conn.next_handshake()
     assert handshake is not None and handshake.compression == codecs
+
+
+def test_a_large_frame_is_decompressed_when_the_io_layer_says() -> None:
+    """With ``offload_min``, next_message() stops at a compressed frame that long
+    (nothing consumed, however often asked) until decompress() ran, which may
+    run in another thread and raises nothing."""
+    data = bytes(150_000) + text(20_000)  # (compressed, less than the read-ahead buffer)
+    decoder = decoder_after_preamble()
+    decoder.offload_min = 100_000
+    assert not decoder.decompression_due and decoder.decompression_size == 0
+    with pytest.raises(RuntimeError, match="no decompression is due"):
+        decoder.decompress()
+    decoder.feed(
+        compressed_message(len(data), lz4(data)) + compressed_message(1000, lz4(bytes(1000)))
+    )
+    for _ in range(3):
+        assert decoder.next_message() is None
+        assert decoder.decompression_due and decoder.decompression_size == len(data)
+    decoder.prepare_decompression()
+    worker = threading.Thread(target=decoder.decompress)
+    worker.start()
+    worker.join()
+    assert not decoder.decompression_due
+    assert decoder.next_message() == [data]
+    assert decoder.next_message() == [bytes(1000)]  # short: decompressed in next_message()
+    assert decoder.at_message_boundary
+
+
+def test_a_bad_frame_left_to_the_io_layer_fails_the_next_call() -> None:
+    decoder = decoder_after_preamble()
+    decoder.offload_min = 64
+    decoder.feed(compressed_message(65, lz4(b"a" * 64)))
+    assert decoder.next_message() is None and decoder.decompression_due
+    decoder.prepare_decompression()
+    decoder.decompress()  # raises nothing
+    for _ in range(2):  # sticky, as any protocol error
+        with pytest.raises(RemoteProtocolError, match="decompressed to 64 bytes, not its 65"):
+            decoder.next_message()
+    error = decoder.end_error
+    assert error is not None and error.__traceback__ is None and error.__context__ is None
+
+
+def test_check_every_leaves_a_small_frame_to_the_io_layer_now_and_then() -> None:
+    """After ``check_every`` bytes decompressed in next_message(), the next
+    compressed frame, however short, waits for the I/O layer (which checks that
+    the peer is still there before it runs it)."""
+    decoder = decoder_after_preamble()
+    decoder.check_every = 2500
+    decoder.feed(compressed_message(1000, lz4(bytes(1000))) * 6)
+    due = []
+    for _ in range(6):
+        frames = decoder.next_message()
+        if frames is None:
+            due.append(decoder.decompression_size)
+            decoder.prepare_decompression()
+            decoder.decompress()
+            frames = decoder.next_message()
+        assert frames == [bytes(1000)]
+    assert due == [1000, 1000]  # the 3rd and the 6th (the count restarts when one ran)
+
+
+def test_a_pool_buffer_is_taken_when_the_io_layer_prepares_it() -> None:
+    """With an allocator other than the default one, the frame's buffer comes from
+    it in prepare_decompression() (the event loop's thread), not before."""
+    taken = []
+
+    def allocator(n: int) -> bytearray:
+        taken.append(n)
+        return bytearray(n)
+
+    decoder = FrameDecoder(compression=("lz4",), allocator=allocator)
+    decoder.feed(encode_preamble(Limits()))
+    assert decoder.next_handshake() is not None
+    decoder.offload_min = 1000
+    data = text(5000)
+    decoder.feed(compressed_message(len(data), lz4(data)))
+    assert decoder.next_message() is None
+    assert len(data) not in taken
+    decoder.prepare_decompression()
+    assert taken.count(len(data)) == 1
+    decoder.prepare_decompression()  # (once)
+    assert taken.count(len(data)) == 1
+    decoder.decompress()
+    assert decoder.next_message() == [data]

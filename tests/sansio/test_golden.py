@@ -131,7 +131,7 @@ REJECT_ERRORS = {
     "message-zero-frames": "no body frame",
     "message-empty-body": "malformed message body",
     "message-truncated-body": "malformed message body",
-    "message-trailing-bytes": "malformed message body: ExtraData",
+    "message-trailing-bytes": "malformed message body: 1 byte after its value",
     "message-type-c1": "malformed message body",
     "message-str-not-utf8": "malformed message body: UnicodeDecodeError",
     "message-key-int": "int is not allowed for map key",

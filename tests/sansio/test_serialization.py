@@ -185,6 +185,27 @@ def test_a_malformed_body_is_described_briefly(frame: bytes) -> None:
     assert not isinstance(info.value.__context__, msgpack.ExtraData)
 
 
+def test_a_large_body_decodes_as_a_small_one() -> None:
+    """A body of a MiB and more is decoded a chunk at a time: the same values,
+    strings and out-of-band references crossing the chunks' edges included."""
+    from anyio_comm._sansio.serialization import CHUNKED_BODY
+
+    s = Serializer()
+    value = {
+        "rows": [list(range(50)) for _ in range(4000)],
+        "text": ["é" * 1000 + str(i) for i in range(600)],
+        "blob": b"\x01" * 100_000,  # out-of-band
+        "big": "x" * (3 * CHUNKED_BODY),  # one string over several chunks
+    }
+    frames = [memoryview(f) for f in s.dumps(value)]
+    assert frames[0].nbytes > 4 * CHUNKED_BODY
+    assert s.loads(frames) == value
+    with pytest.raises(RemoteProtocolError, match="malformed message body: 3 bytes after"):
+        s.loads([memoryview(bytes(frames[0]) + b"\x01\x02\x03"), *frames[1:]])
+    with pytest.raises(RemoteProtocolError, match="malformed message body"):
+        s.loads([frames[0][:-1], *frames[1:]])  # truncated
+
+
 def test_bad_pickle_is_remote_protocol_error() -> None:
     s = Serializer(allow_pickle=True)
     frames = [*body(msgpack.ExtType(EXT_PICKLE, struct.pack("!I", 0))), memoryview(b"garbage")]
