@@ -1082,6 +1082,7 @@ class FrameDecoder:
         self._lengths = ()
         self._positions = None
         self._zcodecs = None
+        self._zadjust = 0
         self._state = _COUNT
         return frames
 

@@ -268,6 +268,21 @@ def test_received_in_message_counts_the_compressed_bytes() -> None:
     assert decoder.received_in_message == 0
 
 
+def test_received_in_message_starts_afresh_after_a_compressed_message() -> None:
+    """The next message counts its own bytes from its first one, its length table
+    included (a count left over from a compressed message made it negative, and a
+    message that had begun timed out at once)."""
+    data = bytes(1_000_000)
+    decoder = decoder_after_preamble()
+    decoder.feed(compressed_message(len(data), lz4(data)))
+    assert decoder.next_message() == [data]
+    header = struct.pack("!IQQ", 2, 5, 6)
+    for i in range(1, len(header)):
+        decoder.feed(header[i - 1 : i])
+        assert decoder.next_message() is None
+        assert decoder.received_in_message == i
+
+
 @pytest.mark.parametrize(
     "entries",
     [
