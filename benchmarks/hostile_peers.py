@@ -78,6 +78,7 @@ from anyio_comm._sansio.wire import SMALL_COUNT, encode_header, encode_preamble
 from . import _harness
 from ._harness import (
     STARTUP_TIMEOUT,
+    Child,
     ProcessPair,
     TLSFiles,
     client_context,
@@ -361,55 +362,6 @@ async def _bomb_step(
     return {"attack": figures(attack, left), "after": figures(left, math.inf), "errors": errors}
 
 
-def run_bomb_case(
-    ctx: Any, case: Case, cpus: tuple[int | None, int | None], tls: TLSFiles | None
-) -> dict[str, Any]:
-    """The bomb scenario's steps (see the module)."""
-    steps = []
-    with ProcessPair(ctx, "hostile", cpus) as pair:
-        server, address = pair.start_server(server_main, case, tls)
-        client = pair.start_client(client_main, case, tls, address)
-        server.send("report")
-        start = server.receive(time.monotonic() + STARTUP_TIMEOUT)  # before any peer
-        for peers in case.peers:
-            server.send("reset peak")
-            server.receive(time.monotonic() + STARTUP_TIMEOUT)
-            client.send(peers)
-            client.receive(time.monotonic() + STEP_TIMEOUT + case.attack)  # "left"
-            reports = []
-            for _ in range(3):  # when they left, 1 s later, 2 s later
-                server.send("report")
-                reports.append(server.receive(time.monotonic() + STARTUP_TIMEOUT))
-                time.sleep(1.0)
-            client.send("go")
-            legit = client.receive(time.monotonic() + STEP_TIMEOUT)
-            steps.append(
-                {  # (growth: the step's peak above the level before any peer)
-                    "peers": peers,
-                    **reports[-1],
-                    **legit,
-                    "growth": reports[-1]["hwm"] - start["rss"],
-                    "cpu_first_s": reports[1]["cpu"] - reports[0]["cpu"],
-                    "cpu_next_s": reports[2]["cpu"] - reports[1]["cpu"],
-                }
-            )
-        client.send("stop")
-        server.send("stop")
-    met = None
-    at_target = [s for s in steps if s["peers"] == TARGET_PEERS]
-    if at_target and case.declare >= 2**30:
-        step = at_target[0]
-        # the budget, one larger message, the pool's slab of the one before it
-        bound = DEFAULT_RECEIVE_BUDGET + 2 * case.declare
-        met = (
-            step["growth"] < bound
-            and (step["attack"]["max_ms"] or math.inf) < 100
-            and step["cpu_next_s"] < IDLE_CPU
-            and step["errors"] == 0
-        )
-    return {**asdict(case), "steps": steps, "target_met": met}
-
-
 def format_bomb_table(results: list[dict[str, Any]]) -> str:
     """One row per step and backend (the bomb scenario)."""
     head = (
@@ -454,24 +406,82 @@ def run_case(
         server, address = pair.start_server(server_main, case, tls)
         client = pair.start_client(client_main, case, tls, address)
         server.send("report")
-        start = server.receive(time.monotonic() + STARTUP_TIMEOUT)
+        start = server.receive(time.monotonic() + STARTUP_TIMEOUT)  # before any peer
+        run_step = _bomb_step_row if case.scenario == "bomb" else _step_row
         for peers in case.peers:
-            client.send(peers)
-            client.receive(time.monotonic() + STEP_TIMEOUT)
-            server.send("report")
-            report = server.receive(time.monotonic() + STARTUP_TIMEOUT)
-            client.send("go")
-            legit = client.receive(time.monotonic() + STEP_TIMEOUT)
-            steps.append(
-                {"peers": peers, **report, **legit, "growth": report["rss"] - start["rss"]}
-            )
+            steps.append(run_step(server, client, case, peers, start))
         client.send("stop")
         server.send("stop")
+    return {
+        **asdict(case),
+        "start_rss": start["rss"],
+        "steps": steps,
+        "target_met": _target_met(case, steps),
+    }
+
+
+def _step_row(
+    server: Child,
+    client: Child,
+    case: Case,  # noqa: ARG001 (the signature of every step)
+    peers: int,
+    start: dict[str, Any],
+) -> dict[str, Any]:
+    """One step: open ``peers`` peers in all, report, then the legitimate client."""
+    client.send(peers)
+    client.receive(time.monotonic() + STEP_TIMEOUT)
+    server.send("report")
+    report = server.receive(time.monotonic() + STARTUP_TIMEOUT)
+    client.send("go")
+    legit = client.receive(time.monotonic() + STEP_TIMEOUT)
+    return {"peers": peers, **report, **legit, "growth": report["rss"] - start["rss"]}
+
+
+def _bomb_step_row(
+    server: Child, client: Child, case: Case, peers: int, start: dict[str, Any]
+) -> dict[str, Any]:
+    """One step of the bomb scenario (see the module); growth: the step's peak
+    above the server's level before any peer."""
+    server.send("reset peak")
+    server.receive(time.monotonic() + STARTUP_TIMEOUT)
+    client.send(peers)
+    client.receive(time.monotonic() + STEP_TIMEOUT + case.attack)  # "left"
+    reports = []
+    for _ in range(3):  # when they left, 1 s later, 2 s later
+        server.send("report")
+        reports.append(server.receive(time.monotonic() + STARTUP_TIMEOUT))
+        time.sleep(1.0)
+    client.send("go")
+    legit = client.receive(time.monotonic() + STEP_TIMEOUT)
+    return {
+        "peers": peers,
+        **reports[-1],
+        **legit,
+        "growth": reports[-1]["hwm"] - start["rss"],
+        "cpu_first_s": reports[1]["cpu"] - reports[0]["cpu"],
+        "cpu_next_s": reports[2]["cpu"] - reports[1]["cpu"],
+    }
+
+
+def _target_met(case: Case, steps: list[dict[str, Any]]) -> bool | None:
+    """Whether the step of TARGET_PEERS peers met the scenario's target (None: no
+    target for this run)."""
     at_target = [s for s in steps if s["peers"] == TARGET_PEERS]
-    met = None
-    if case.scenario == "declare" and case.declare >= 2**30 and at_target:
-        met = at_target[0]["growth"] < GROWTH_TARGET and at_target[0]["errors"] == 0
-    return {**asdict(case), "start_rss": start["rss"], "steps": steps, "target_met": met}
+    if not at_target or case.declare < 2**30:
+        return None
+    step = at_target[0]
+    if case.scenario == "declare":
+        return bool(step["growth"] < GROWTH_TARGET and step["errors"] == 0)
+    if case.scenario == "bomb":
+        # the budget, one larger message, the pool's slab of the one before it
+        bound = DEFAULT_RECEIVE_BUDGET + 2 * case.declare
+        return bool(
+            step["growth"] < bound
+            and (step["attack"]["max_ms"] or math.inf) < 100
+            and step["cpu_next_s"] < IDLE_CPU
+            and step["errors"] == 0
+        )
+    return None
 
 
 def _mib(value: float | None) -> str:
@@ -596,7 +606,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     results = _harness.run_backends(
         cases,
-        run_bomb_case if args.scenario == "bomb" else run_case,
+        run_case,
         run.cpus,
         "hostile-tls-" if args.transport == "tls" else None,
         lambda r: f"last step: growth {_mib(r['steps'][-1]['growth'])} MiB",

@@ -1,0 +1,55 @@
+"""``python -m benchmarks.hostile_peers --scenario bomb``: what its peers send is
+what the module says, and a short run reports every figure (never how fast or
+how large anything is)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from anyio_comm import Limits
+from anyio_comm._sansio.decoder import FrameDecoder
+from anyio_comm._sansio.serialization import Serializer
+from anyio_comm._sansio.wire import encode_preamble
+from benchmarks.hostile_peers import bomb_message
+
+ROOT = Path(__file__).parents[1]
+TIMEOUT = 120  # seconds for the whole command
+
+pytest.importorskip("cramjam")
+
+
+def test_a_bomb_is_a_small_valid_message_that_decompresses_to_its_size() -> None:
+    size = 8 * 2**20
+    bomb = bomb_message(size)
+    assert len(bomb) < size // 1000
+    decoder = FrameDecoder(compression=("zstd",))
+    decoder.feed(encode_preamble(Limits(), compression=("zstd",)))
+    assert decoder.next_handshake() is not None
+    decoder.feed(bomb)
+    frames = decoder.next_message()
+    assert frames is not None
+    assert [f.nbytes for f in frames] == [1, size]
+    assert not any(frames[1])
+    assert Serializer().loads(frames) is None
+
+
+def test_a_short_bomb_run_reports_every_figure(tmp_path: Path) -> None:
+    out = tmp_path / "hostile.json"
+    command = [sys.executable, "-m", "benchmarks.hostile_peers", "--scenario", "bomb"]
+    command += ["--peers", "0,2", "--declare", "4MiB", "--bombs", "3", "--attack", "0.5"]
+    command += ["--backend", "asyncio", "--no-pin", "--json", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    (result,) = json.loads(out.read_text())["results"]
+    assert [step["peers"] for step in result["steps"]] == [0, 2]
+    for step in result["steps"]:
+        assert step["errors"] == 0
+        assert step["growth"] is not None and step["cpu_next_s"] >= 0
+        assert step["attack"]["max_ms"] >= step["attack"]["p50_ms"] > 0
+    assert result["target_met"] is None  # (the target is for 64 peers of 1 GiB)
+    assert "attack p50/p99/max ms" in done.stdout
