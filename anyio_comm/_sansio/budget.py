@@ -31,12 +31,13 @@ layer closes them (the comms of waiting connections call it while they wait).
 
 An owner that keeps messages after it received them can keep them charged:
 :meth:`BudgetAccount.transfer` hands a taken message's reservation to an
-account of its own instead of giving it back (a queue of work waiting to be
-done, say), which may also reserve for smaller messages itself. Its releases
-grant waiters as any others do.
+account of its own instead of giving it back (an RPC server's waiting calls,
+see :mod:`anyio_comm.rpc._server`), which may also reserve for smaller
+messages itself. Its releases grant waiters as any others do.
 
 So the memory a listener's peers can make it hold in messages not yet taken
-is at most ``max_bytes`` plus one larger message. With the default allocator
+(for an RPC server: calls not yet started) is at most ``max_bytes`` plus one
+larger message. With the default allocator
 only the bytes that arrived are committed for frames of 32 MiB and more (see
 :mod:`~anyio_comm._sansio.buffers`), smaller frames are committed whole when
 they start.
@@ -84,8 +85,10 @@ class ReceiveBudget:
     several listeners: a process-wide budget).
 
     It counts the bytes of messages that are in flight (declared by their
-    header but not yet returned by ``receive()``), for messages larger than
-    the read-ahead buffer (64 KiB by default): their bytes plus 256 per frame.
+    header but not yet returned by ``receive()``; for :func:`anyio_comm.rpc.serve`,
+    until the call's handler starts), for messages larger than the read-ahead
+    buffer (64 KiB by default): their bytes plus 256 per frame (an RPC server
+    also charges a connection's smaller waiting calls beyond 1 MiB).
     Beyond ``max_bytes``, a new message waits, and its connection is not read,
     until earlier ones are taken. Messages larger than ``max_bytes`` are
     admitted one at a time, beside the others. While connections wait, one
