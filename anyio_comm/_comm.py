@@ -59,7 +59,7 @@ import asyncio
 import enum
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, cast
 
 from anyio import (
     BrokenResourceError,
@@ -86,7 +86,7 @@ from ._exceptions import (
     ReceiveBudgetError,
     RemoteProtocolError,
 )
-from ._receivers import start_receiver
+from ._receivers import _cost, start_receiver
 from ._sansio.close import CloseCode, CloseReason, reason_for_protocol_error
 from ._sansio.connection import Connection, ConnectionState
 from ._sansio.decoder import EndOfData
@@ -106,7 +106,14 @@ if TYPE_CHECKING:
     from ._sansio.wire import Handshake
     from ._transports.base import Transport
 
-__all__ = ["Comm", "CommAttribute", "IdleHook", "current_buffer_pool", "establish"]
+__all__ = [
+    "Comm",
+    "CommAttribute",
+    "IdleHook",
+    "close_stalled",
+    "current_buffer_pool",
+    "establish",
+]
 
 logger = logging.getLogger("anyio_comm")
 
@@ -395,6 +402,42 @@ class Comm(ObjectStream[Any]):
         await self._fail(reason=reason_for_protocol_error(error))
         raise error
 
+    async def _receive_with_cost(self) -> tuple[Any, int]:
+        """:meth:`receive`, and what the message costs as the receive budget counts
+        it (:func:`~anyio_comm._sansio.budget.message_cost`: its frames' bytes plus
+        256 per frame). For :mod:`anyio_comm.rpc`.
+
+        Raises:
+            Exception: what :meth:`receive` raises.
+        """
+        frames = await self.receive_frames()
+        try:
+            return self._serializer.loads(frames), _cost(cast("Frames", frames))
+        except RemoteProtocolError as exc:
+            exc.rule = "message-layer"
+            await self._fail(reason=reason_for_protocol_error(exc))
+            raise
+
+    def _keep_taken(self) -> tuple[BudgetAccount, int] | None:
+        """Keep received messages charged to the receive budget after they are
+        taken, for :mod:`anyio_comm.rpc`, whose calls wait in a queue.
+
+        From now on the reservation of each message that :meth:`receive` returns
+        (those costing at least the returned threshold; smaller ones are never
+        reserved) goes to a new account of the comm's budget, returned, instead
+        of back to the budget: its owner releases it, and closes the account when
+        done with the comm. The budget's stall check closes this comm for that
+        account too. ``None`` when the comm has no budget.
+        """
+        decoder = self._conn.decoder
+        account = decoder.account
+        if account is None:
+            return None
+        keeper = account.budget.account()
+        keeper.on_stall = self._stalled
+        self._receiver.keep_taken(keeper)
+        return keeper, decoder.budget_min
+
     async def receive_frames(self) -> Sequence[memoryview]:
         """Receive the next message as a sequence of frames.
 
@@ -553,12 +596,7 @@ class Comm(ObjectStream[Any]):
             with move_on_after(interval):
                 await receiver.wait()
                 return
-            for victim in budget.check_stalls(current_time()):
-                victim.stall(
-                    f"held {victim.held} bytes of the receive budget ({budget.max_bytes} "
-                    f"bytes) without progress for {stall_timeout:g} s while "
-                    f"{budget.waiting} connections waited for it"
-                )
+            close_stalled(budget)
             return
         idle_timeout = self._idle_timeout
         timeout = math.inf if idle_timeout is None else idle_timeout
@@ -897,6 +935,18 @@ class Comm(ObjectStream[Any]):
             if error is not None:
                 raise type(error)(*error.args)
             raise BrokenResourceError("the connection is broken")
+
+
+def close_stalled(budget: ReceiveBudget) -> None:
+    """Run the budget's stall check, closing the connections it picks (called
+    from time to time by those that wait for the budget)."""
+    stall_timeout = budget.stall_timeout
+    for victim in budget.check_stalls(current_time()):
+        victim.stall(
+            f"held {victim.held} bytes of the receive budget ({budget.max_bytes} "
+            f"bytes) without progress for {stall_timeout:g} s while "
+            f"{budget.waiting} connections waited for it"
+        )
 
 
 async def establish(

@@ -255,6 +255,13 @@ class Receiver(metaclass=ABCMeta):
         """Stop receiving (before the transport closes); wake a waiting task,
         whose next :meth:`receive_nowait` raises :exc:`anyio.ClosedResourceError`."""
 
+    @abstractmethod
+    def keep_taken(self, keeper: BudgetAccount) -> None:
+        """From now on, hand the budget reservation of each message
+        :meth:`receive_nowait` returns to ``keeper`` (an account of the same
+        budget) instead of giving it back: the message stays charged until
+        ``keeper`` releases it. Only with a budget."""
+
 
 @final
 class PullReceiver(Receiver):
@@ -264,6 +271,7 @@ class PullReceiver(Receiver):
         "_conn",
         "_decoder",
         "_empty",
+        "_keeper",
         "_pause",
         "_paused",
         "_transport",
@@ -294,6 +302,8 @@ class PullReceiver(Receiver):
         self._waited = False
         # trio's waits are checkpoints that check first
         self.check_before_wait = on_asyncio
+        # the account that reservations of returned messages go to (see keep_taken)
+        self._keeper: BudgetAccount | None = None
 
     @property
     def at_message_boundary(self) -> bool:
@@ -351,6 +361,10 @@ class PullReceiver(Receiver):
                     break
                 if frames is not None or decoder.waiting_for_budget or decoder.decompression_due:
                     break
+        if frames is not None and self._keeper is not None:
+            cost = _cost(frames)
+            if cost >= decoder.budget_min:
+                decoder.account.transfer(cost, self._keeper)  # type: ignore[union-attr]
         return frames
 
     def wait(self) -> Awaitable[None]:
@@ -377,6 +391,12 @@ class PullReceiver(Receiver):
         account = self._decoder.account
         if account is not None:
             account.close()
+
+    def keep_taken(self, keeper: BudgetAccount) -> None:
+        # The decoder leaves a complete message's reservation to this receiver,
+        # which hands it over as it returns the message.
+        self._decoder.hold_reservations = True
+        self._keeper = keeper
 
 
 async def _wait_for_grant(account: BudgetAccount | None) -> None:
@@ -411,6 +431,7 @@ class PushReceiver(Receiver):
         "_conn",
         "_decoder",
         "_end",
+        "_keeper",
         "_loop",
         "_pause",
         "_paused",
@@ -472,6 +493,8 @@ class PushReceiver(Receiver):
         # start, which tells it once this engine is the one that runs).
         account = self._account = self._decoder.account
         self._budget_min = self._decoder.budget_min if account is not None else 1 << 64
+        # the account those reservations go to when taken (see keep_taken)
+        self._keeper: BudgetAccount | None = None
 
     @classmethod
     def start(
@@ -687,7 +710,7 @@ class PushReceiver(Receiver):
         self._pulling = False
         cost = _cost(frames)
         if cost >= self._budget_min:
-            self._account.release(cost)  # type: ignore[union-attr]
+            self._taken(cost)
         if transport.buffers_data:
             # TLS: what OpenSSL holds makes the socket no more readable: read it now.
             self._resume()
@@ -701,6 +724,18 @@ class PushReceiver(Receiver):
         # (a short last read is inside a message only if the task reads that one)
         self._short = self._short and self._pulling
         return frames
+
+    def _taken(self, cost: int) -> None:
+        """A message holding ``cost`` bytes of the budget was taken."""
+        account = self._account
+        assert account is not None
+        if self._keeper is None:
+            account.release(cost)
+        else:
+            account.transfer(cost, self._keeper)
+
+    def keep_taken(self, keeper: BudgetAccount) -> None:
+        self._keeper = keeper
 
     def _set_end(self, exc: Exception) -> None:
         """Keep what ended the stream (without its traceback, which holds this
@@ -721,7 +756,7 @@ class PushReceiver(Receiver):
             cost = _cost(frames)
             self._queued_bytes -= cost
             if cost >= self._budget_min:
-                self._account.release(cost)  # type: ignore[union-attr]
+                self._taken(cost)
             if (
                 self._paused
                 and self._queued_bytes < MAX_QUEUED_BYTES

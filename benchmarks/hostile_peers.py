@@ -17,7 +17,7 @@ send a valid preamble and then, per ``--scenario``:
   (128 KiB each), which the server's handler takes with ``receive_frames()``
   and keeps while the connection is open: what a taken message holds (as frame
   objects, 6.4 MB each);
-* ``idle``: nothing after the preamble.
+* ``idle``: nothing after the preamble;
 * ``bomb``: compression on both sides (``compression=("zstd",)``), and each peer
   sends ``--bombs`` (1) messages of a nil body and one frame compressed with
   Zstandard that declares ``--declare`` bytes (1 GiB) of zeros: about 32 KB on
@@ -27,7 +27,13 @@ send a valid preamble and then, per ``--scenario``:
   read, so their sockets reset). Reported: the server's peak and resident memory,
   the legitimate round trips' p50, p99 and worst during the attack and after it,
   and the server's CPU time in the second after the peers left and in the
-  second after that (``idle``: under 5 % of a CPU).
+  second after that (``idle``: under 5 % of a CPU);
+* ``rpc-queue``: the server is :func:`anyio_comm.rpc.serve` instead, and each
+  peer an RPC connection that sends 1,100 calls (``max_calls_per_connection``
+  plus ``max_waiting_per_connection``, all admitted) of a 256 KiB argument to
+  a method that sleeps 60 s, without reading replies: what waiting calls make
+  the server hold (``--peers 0,2`` by default; the legitimate client makes RPC
+  calls).
 
 They are opened in steps (``--peers``, cumulative counts); after each step
 and a settling second the server reports its resident set size (``VmRSS``),
@@ -53,6 +59,7 @@ Run from the repository root::
     python -m benchmarks.hostile_peers --scenario bomb --peers 0,1,64
     python -m benchmarks.hostile_peers --scenario bomb --peers 0,4 --declare 16MiB \
         --bombs 100000 --attack 10
+    python -m benchmarks.hostile_peers --scenario rpc-queue --backend asyncio
     python -m benchmarks.hostile_peers --unprotected --peers 0,1,4   # the old behaviour
 """
 
@@ -71,9 +78,11 @@ import anyio
 import anyio.to_thread
 
 import anyio_comm
+from anyio_comm import rpc
 from anyio_comm._sansio.budget import DEFAULT_RECEIVE_BUDGET
 from anyio_comm._sansio.compression import CODEC_SHIFT, CODECS
 from anyio_comm._sansio.wire import SMALL_COUNT, encode_header, encode_preamble
+from anyio_comm.rpc._protocol import Call
 
 from . import _harness
 from ._harness import (
@@ -95,7 +104,7 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
 TRANSPORTS = ("tcp", "tls")
-SCENARIOS = ("declare", "frames", "taken", "idle", "bomb")
+SCENARIOS = ("declare", "frames", "taken", "idle", "bomb", "rpc-queue")
 TLS_VERSION = "1.3"
 SETTLE = 1.0  # seconds between opening a step's peers and measuring
 STEP_TIMEOUT = 120.0  # seconds for one step (opening peers and the round trips)
@@ -183,7 +192,8 @@ def server_main(conn: Connection, case: Case, tls: TLSFiles | None) -> None:
     """Entry point of the server process."""
     raise_fd_limit(max(case.peers) + FD_MARGIN)
     ssl_context = server_context(tls, TLS_VERSION if case.transport == "tls" else None)
-    run_backend(case.backend, _server, conn, case, f"{case.transport}://127.0.0.1:0", ssl_context)
+    serve = _rpc_queue_server if case.scenario == "rpc-queue" else _server
+    run_backend(case.backend, serve, conn, case, f"{case.transport}://127.0.0.1:0", ssl_context)
 
 
 # -- client ---------------------------------------------------------------------
@@ -391,7 +401,115 @@ def client_main(conn: Connection, case: Case, tls: TLSFiles | None, address: str
     """Entry point of the client process."""
     raise_fd_limit(max(case.peers) + FD_MARGIN)
     ssl_context = client_context(tls, TLS_VERSION if case.transport == "tls" else None)
-    run_backend(case.backend, _client, conn, case, address, ssl_context)
+    client = _rpc_queue_client if case.scenario == "rpc-queue" else _client
+    run_backend(case.backend, client, conn, case, address, ssl_context)
+
+
+# -- the rpc-queue scenario -----------------------------------------------------
+
+RPC_CALLS = 1100  # per peer: the default max_calls_per_connection + max_waiting_per_connection
+RPC_ARGUMENT = 256 * 1024  # bytes of each call's argument
+RPC_HOLD = 60.0  # seconds the method sleeps: longer than a step (and than stall_timeout)
+RPC_MAX_PEERS = 8  # peers x 275 MiB queued where nothing bounds it: keep the machine alive
+
+
+async def _rpc_queue_server(
+    conn: Connection, case: Case, address: str, ssl_context: ssl.SSLContext | None
+) -> None:
+    """``rpc.serve`` with default options (or unprotected); report as :func:`_server`
+    does, with the calls waiting or running on all connections."""
+
+    async def hold(_argument: bytes) -> None:
+        await anyio.sleep(RPC_HOLD)
+
+    async def echo(value: Any) -> Any:
+        return value
+
+    options: dict[str, Any] = {"ssl_context": ssl_context}
+    if case.unprotected:
+        options.update(receive_budget=None, allocator=bytearray, message_timeout=None)
+    lifetime = STARTUP_TIMEOUT + STEP_TIMEOUT * (len(case.peers) + 1)
+    with anyio.move_on_after(lifetime), contextlib.suppress(EOFError):
+        async with rpc.serve(address, {"hold": hold, "echo": echo}, **options) as server:
+            conn.send(("ready", server.address))
+            while await anyio.to_thread.run_sync(conn.recv, abandon_on_cancel=True) != "stop":
+                budget = server.listener.receive_budget
+                conn.send(
+                    {
+                        **read_memory(),
+                        "budget_in_use": budget.in_use if budget else None,
+                        "budget_waiting": budget.waiting if budget else None,
+                        "connections": server.listener.active_connections,
+                        "calls": sum(len(c.running) for c in server._connections),
+                    }
+                )
+
+
+async def _rpc_queue_client(
+    conn: Connection, case: Case, address: str, ssl_context: ssl.SSLContext | None
+) -> None:
+    """Each step's new peers send their calls in tasks of their own (they block once
+    the server stops reading); the step is measured once no call went out for
+    twice SETTLE seconds; then a legitimate client's RPC round trips."""
+    options: dict[str, Any] = {"ssl_context": ssl_context} if ssl_context is not None else {}
+    argument = os.urandom(RPC_ARGUMENT)
+    sent = 0
+
+    async def flood(comm: anyio_comm.Comm) -> None:
+        nonlocal sent
+        with contextlib.suppress(Exception):  # (closed by the server, or at the end)
+            for i in range(RPC_CALLS):
+                await comm.send(Call(i, "hold", [argument], {}, None).encode())
+                sent += 1
+
+    async with anyio.create_task_group() as tg, contextlib.AsyncExitStack() as stack:
+        opened = 0
+        while (command := await anyio.to_thread.run_sync(conn.recv)) != "stop":
+            with anyio.fail_after(STEP_TIMEOUT):
+                for _ in range(command - opened):
+                    comm = await anyio_comm.connect(address, timeout=STARTUP_TIMEOUT, **options)
+                    stack.callback(comm.abort)
+                    tg.start_soon(flood, comm)
+                opened = command
+                quiet = 0  # settling periods in a row without a call sent
+                while quiet < 2:
+                    before = sent
+                    await anyio.sleep(SETTLE)
+                    quiet = quiet + 1 if sent == before else 0
+            conn.send("opened")
+            await anyio.to_thread.run_sync(conn.recv)  # the server has reported
+            conn.send({**await _rpc_round_trips(address, case, options), "calls_sent": sent})
+        tg.cancel_scope.cancel()
+
+
+async def _rpc_round_trips(address: str, case: Case, options: dict[str, Any]) -> dict[str, Any]:
+    """The legitimate client: ``round_trips`` calls of 1 KB and one of 1 MB."""
+    latencies = []
+    errors = 0
+    try:
+        with anyio.fail_after(STEP_TIMEOUT):
+            async with rpc.connect(address, timeout=STARTUP_TIMEOUT, **options) as client:
+                for payload in [b"x" * 1000] * case.round_trips + [os.urandom(2**20)]:
+                    t0 = time.perf_counter()
+                    if bytes(await client.call("echo", payload)) != payload:
+                        errors += 1
+                    latencies.append(time.perf_counter() - t0)
+    except Exception:
+        errors += 1
+    ordered = sorted(latencies[: case.round_trips])
+    return {
+        "small_p50_ms": ordered[len(ordered) // 2] * 1e3 if ordered else None,
+        "large_ms": latencies[-1] * 1e3 if len(latencies) > case.round_trips else None,
+        "errors": errors,
+    }
+
+
+def _rpc_queue_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The rpc-queue scenario's default and bound of ``--peers``."""
+    if args.scenario == "rpc-queue":
+        args.peers = [0, 2] if args.peers is None else args.peers
+        if args.peers[-1] > RPC_MAX_PEERS:
+            parser.error(f"--peers: at most {RPC_MAX_PEERS} for rpc-queue")
 
 
 # -- orchestration --------------------------------------------------------------
@@ -522,7 +640,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=csv_list(None, int),
         default=None,
         help="cumulative peer counts to measure at (default: 0,16,64,256 for declare and "
-        "frames, 0,1000 for idle)",
+        "frames, 0,1000 for idle, 0,2 for rpc-queue)",
     )
     add("--declare", type=_harness.parse_size, default=2**30, help="frame declared (1GiB)")
     add(
@@ -554,6 +672,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     _harness.add_backend_options(parser, TRANSPORTS)
     _harness.add_output_options(parser)
     args = parser.parse_args(argv)
+    _rpc_queue_arguments(parser, args)
     if args.peers is None:
         args.peers = {"idle": [0, 1000], "bomb": [0, 1, 64]}.get(args.scenario, [0, 16, 64, 256])
     if sorted(args.peers) != args.peers or not args.peers or args.peers[0] < 0:
@@ -586,6 +705,7 @@ def main(argv: list[str] | None = None) -> int:
         "idle": "idle after the preamble",
         "bomb": f"each sending {args.bombs:,} {BOMB_CODEC} bombs of {args.declare:,} bytes, "
         f"leaving after {args.attack:g} s",
+        "rpc-queue": f"each queueing {RPC_CALLS:,} RPC calls of {RPC_ARGUMENT:,} bytes",
     }[args.scenario]
     print(f"{args.transport}, {mode}; peers {what}", flush=True)
     cases = [

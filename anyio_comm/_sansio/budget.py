@@ -29,8 +29,15 @@ others wait keeps them waiting: :meth:`ReceiveBudget.check_stalls` finds those
 stalled for ``stall_timeout`` seconds, largest holders first, and the I/O
 layer closes them (the comms of waiting connections call it while they wait).
 
+An owner that keeps messages after it received them can keep them charged:
+:meth:`BudgetAccount.transfer` hands a taken message's reservation to an
+account of its own instead of giving it back (an RPC server's waiting calls,
+see :mod:`anyio_comm.rpc._server`), which may also reserve for smaller
+messages itself. Its releases grant waiters as any others do.
+
 So the memory a listener's peers can make it hold in messages not yet taken
-is at most ``max_bytes`` plus one larger message. With the default allocator
+(for an RPC server: calls not yet started) is at most ``max_bytes`` plus one
+larger message. With the default allocator
 only the bytes that arrived are committed for frames of 32 MiB and more (see
 :mod:`~anyio_comm._sansio.buffers`), smaller frames are committed whole when
 they start.
@@ -78,8 +85,10 @@ class ReceiveBudget:
     several listeners: a process-wide budget).
 
     It counts the bytes of messages that are in flight (declared by their
-    header but not yet returned by ``receive()``), for messages larger than
-    the read-ahead buffer (64 KiB by default): their bytes plus 256 per frame.
+    header but not yet returned by ``receive()``; for :func:`anyio_comm.rpc.serve`,
+    until the call's handler starts), for messages larger than the read-ahead
+    buffer (64 KiB by default): their bytes plus 256 per frame (an RPC server
+    also charges a connection's smaller waiting calls beyond 1 MiB).
     Beyond ``max_bytes``, a new message waits, and its connection is not read,
     until earlier ones are taken. Messages larger than ``max_bytes`` are
     admitted one at a time, beside the others. While connections wait, one
@@ -329,6 +338,31 @@ class BudgetAccount:
         budget._give_back(self, nbytes)
         if budget._waiters:
             budget._grant_waiters()
+
+    def transfer(self, nbytes: int, to: BudgetAccount) -> None:
+        """Hand ``nbytes`` of what this account holds to ``to``, an account of the
+        same budget, which holds them from now on: they stay reserved, nobody is
+        granted anything (a message was taken by an owner that keeps it charged,
+        the queue of an RPC server say). Counts as a release for this account's
+        stall check. A closed ``to`` gives them back instead.
+
+        Raises:
+            ValueError: ``to`` draws on another budget.
+        """
+        budget = self._budget
+        if to._budget is not budget:
+            raise ValueError("accounts of different budgets")
+        if self._closed:
+            return  # it holds nothing any more
+        if to._closed:
+            self.release(nbytes)
+            return
+        self.released += 1
+        self.held -= nbytes
+        to.held += nbytes
+        if nbytes > budget._max_bytes:  # the large lane's one message: its holder changes
+            self._large = 0
+            to._large = nbytes
 
     def cancel(self) -> None:
         """Leave the line without the reservation waited for (if waiting)."""

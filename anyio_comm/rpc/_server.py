@@ -1,12 +1,44 @@
 """The serving side: a listener whose connections run their calls on worker
 tasks of their own, within limits, each call in a context of its own and
-cancelled when its caller cancels it or its deadline passes."""
+cancelled when its caller cancels it or its deadline passes.
+
+Theory of operation: what a waiting call costs
+------------------------------------------------
+A call that waits in its connection's queue (for a worker, or for a slot of
+the server's) holds its arguments. So that peers cannot make the server hold
+more than the listener's receive budget that way, a queued call stays charged
+to the budget until its handler starts (or it leaves the queue: cancelled,
+its deadline passed, its connection gone):
+
+* a message large enough for the budget to count (at least the read-ahead
+  buffer: see :mod:`anyio_comm._sansio.budget`) was reserved when its header
+  arrived; the comm hands that reservation to the connection's own account
+  (:meth:`Comm._keep_taken <anyio_comm.Comm._keep_taken>`) instead of giving
+  it back when the message is read, so it stays charged without a gap;
+* smaller calls are charged to a per-connection allowance of
+  :data:`UNCHARGED_PER_CONNECTION` bytes first (ordinary small calls never
+  touch the budget), then to the budget.
+
+When the budget is spent, the connection is not read (backpressure, as for any
+message that waits for the budget: the peer's sends block, nothing is dropped):
+a large message waits at its header in the comm, a small call beyond the
+allowance in :meth:`Server._read`. The count limit
+(``max_waiting_per_connection``) still refuses calls with OVERLOADED, as
+documented. A queued call whose deadline passes is answered and gives its
+charge back when it passes (a timer task per connection, made when the first
+call with a deadline waits), not when a worker reaches it. With
+``overload="reject"`` calls never wait for a slot: small ones are not charged.
+The connection's account is closed by the budget's stall check, like any
+connection's, when it holds budget while none of its calls starts or ends for
+``stall_timeout`` and others wait for the budget.
+"""
 
 from __future__ import annotations
 
 import collections
 import contextlib
 import contextvars
+import heapq
 import inspect
 import logging
 import math
@@ -17,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal
 import anyio
 from anyio.lowlevel import checkpoint
 
+from .._comm import close_stalled
 from .._compat import final
 from .._listener import listen
 from .._sansio.close import CloseCode, CloseReason
@@ -43,6 +76,7 @@ if TYPE_CHECKING:
 
     from .._comm import Comm
     from .._listener import Listener
+    from .._sansio.budget import BudgetAccount
 
 __all__ = ["Server", "serve"]
 
@@ -57,6 +91,10 @@ DEFAULT_MAX_CALLS_PER_CONNECTION: Final = 100
 DEFAULT_MAX_CALLS: Final = 10_000
 #: calls of one connection that may wait for a slot, by default
 DEFAULT_MAX_WAITING: Final = 1000
+#: bytes of queued calls too small for the receive budget to count (see
+#: :func:`~anyio_comm._sansio.budget.message_cost`) that one connection holds
+#: before they are charged to it
+UNCHARGED_PER_CONNECTION: Final = 1024 * 1024
 
 
 def _type_name(exc: BaseException) -> str:
@@ -179,7 +217,9 @@ class _Running:
     streaming call's credit: the items the client is ready for."""
 
     __slots__ = (
+        "allowance",
         "cancelled_by_client",
+        "charge",
         "credit",
         "credited",
         "deadline",
@@ -203,6 +243,10 @@ class _Running:
         self.withdrawn = False
         #: why the call failed while it ran (a stream item the client's limits refused)
         self.failure: LocalProtocolError | None = None
+        #: bytes of the receive budget, and of the connection's allowance, that its
+        #: message holds until its handler starts
+        self.charge = 0
+        self.allowance = 0
         self.credit = 0
         self.credited: anyio.Event | None = None
 
@@ -230,20 +274,46 @@ class _Connection:
     task of its own."""
 
     __slots__ = (
+        "allowance",
+        "budget_min",
         "comm",
         "dropped",
         "ended",
+        "expiries",
+        "expiry_at",
+        "expiry_wakeup",
+        "finished",
+        "granted",
         "holders",
         "idle_workers",
+        "keeper",
         "outbox",
         "queue",
         "running",
+        "sequence",
         "tasks",
         "workers",
     )
 
     def __init__(self, comm: Comm, max_queued: int) -> None:
         self.comm = comm
+        #: the account of the receive budget that queued calls are charged to
+        #: (``None``: no budget), and the cost from which the comm reserved a
+        #: message (it hands that reservation over: see the module)
+        self.keeper: BudgetAccount | None = None
+        self.budget_min = math.inf
+        #: what is left of the connection's allowance for small calls
+        self.allowance = UNCHARGED_PER_CONNECTION
+        #: set when the reader may stop waiting for the budget
+        self.granted: anyio.Event | None = None
+        #: calls and notifications that ended (the budget's stall check sees it)
+        self.finished = 0
+        #: the queued calls with a deadline, earliest first (with started ones
+        #: among them, skipped), and when the timer task wakes up next
+        self.expiries: list[tuple[float, int, Call, _Running]] = []
+        self.expiry_at = math.inf
+        self.expiry_wakeup: anyio.Event | None = None
+        self.sequence = 0
         self.outbox = Outbox(comm, max_queued)
         #: the calls that wait or run, by id
         self.running: dict[int, _Running] = {}
@@ -336,10 +406,25 @@ class Server:
         """Serve the calls of one connection until it ends (the listener's handler).
 
         The connection is read all the time, so that cancels and credits are
-        seen whatever runs, except while its replies wait to be sent: a client
-        that does not read what it asked for is not read either.
+        seen whatever runs, except while its replies wait to be sent (a client
+        that does not read what it asked for is not read either) and while its
+        next call waits for the receive budget (see the module).
         """
         conn = _Connection(comm, self._max_queued)
+        kept = comm._keep_taken()
+        if kept is not None:
+            keeper, conn.budget_min = kept
+            conn.keeper = keeper
+            keeper.progress = lambda: conn.finished
+            stall = keeper.on_stall
+            assert stall is not None
+
+            def stalled(reason: str) -> None:
+                stall(reason)  # closes the comm ...
+                if conn.granted is not None:
+                    conn.granted.set()  # ... and the reader sees it
+
+            keeper.on_stall = stalled
         self._connections.add(conn)
         try:
             async with anyio.create_task_group() as task_group:
@@ -353,7 +438,10 @@ class Server:
         finally:
             for running in list(conn.holders):
                 self._release(conn, running)
+            if conn.keeper is not None:
+                conn.keeper.close()  # the queued calls' charges
             conn.queue.clear()
+            conn.expiries.clear()
             self._connections.discard(conn)
             self._check_idle()
 
@@ -363,13 +451,27 @@ class Server:
         while True:
             try:
                 await outbox.wait_for_room()
-                message = await comm.receive()
+                message, cost = await comm._receive_with_cost()
             except Exception:
                 return  # the connection ended
+            # the bytes of the budget the comm handed over with it (see the module)
+            held = cost if cost >= conn.budget_min else 0
             try:
                 request = decode(message)
-                if type(request) is Call:
-                    self._start(conn, task_group, request)
+                if type(request) is Call or type(request) is Notify:
+                    taken, held = held, 0  # the call holds it now, or gives it back
+                    work = (
+                        self._start(conn, request, taken)
+                        if isinstance(request, Call)
+                        else self._start_notify(conn, request, taken)
+                    )
+                    if work is not None:
+                        state = work[2]
+                        if not self._charge(conn, state, cost, taken):
+                            # Not read until the budget has room (see the module).
+                            await self._wait_for_budget(conn)
+                            state.charge = cost
+                        self._enqueue(conn, task_group, work)
                 elif type(request) is Cancel:
                     running = conn.running.get(request.id)
                     if running is not None:
@@ -382,8 +484,6 @@ class Server:
                     running = conn.running.get(request.id)
                     if running is not None:
                         running.add_credit(request.count)
-                elif type(request) is Notify:
-                    self._start_notify(conn, task_group, request)
                 else:
                     raise ProtocolViolation(f"a client sent a {type(request).__name__} message")
             except ProtocolViolation as exc:
@@ -391,36 +491,44 @@ class Server:
                 return
             except (LocalProtocolError, SerializationError):  # a refusal that cannot go
                 logger.warning("rpc: a refusal could not be sent", exc_info=True)
+            finally:
+                if held:  # not a call (a cancel, a credit, a malformed message)
+                    conn.keeper.release(held)  # type: ignore[union-attr]
 
-    def _start(self, conn: _Connection, task_group: TaskGroup, call: Call) -> None:
+    def _start(self, conn: _Connection, call: Call, held: int) -> _Work | None:
+        """Refuse ``call`` (giving back the ``held`` bytes of the budget its
+        message came with), or return it, to be charged and queued."""
         method = self._methods.get(call.method)
+        refusal: tuple[ErrorCode, str] | None = None
         if method is None:
-            self._refuse(conn, call, ErrorCode.METHOD_NOT_FOUND, f"no method {_name(call.method)}")
-            return
-        if call.id in conn.running:
-            self._refuse(conn, call, ErrorCode.BAD_CALL, f"call id {call.id} is in use")
-            return
-        if call.stream != inspect.isasyncgenfunction(method):
+            refusal = ErrorCode.METHOD_NOT_FOUND, f"no method {_name(call.method)}"
+        elif call.id in conn.running:
+            refusal = ErrorCode.BAD_CALL, f"call id {call.id} is in use"
+        elif call.stream != inspect.isasyncgenfunction(method):
             name = _name(call.method)
             text = (
                 f"{name} does not stream its results: use call(), not stream()"
                 if call.stream
                 else f"{name} streams its results: use stream(), not call()"
             )
-            self._refuse(conn, call, ErrorCode.BAD_CALL, text)
-            return
-        if self._stopping:
-            self._refuse(conn, call, ErrorCode.UNAVAILABLE, "the server is shutting down")
-            return
-        deadline = math.inf if call.timeout is None else anyio.current_time() + call.timeout
-        running = _Running(deadline)
-        if not self._admit(conn, running):
-            self._refuse(conn, call, ErrorCode.OVERLOADED, "the server is at its call limit")
-            return
-        conn.running[call.id] = running
-        self._enqueue(conn, task_group, (call, method, running))
+            refusal = ErrorCode.BAD_CALL, text
+        elif self._stopping:
+            refusal = ErrorCode.UNAVAILABLE, "the server is shutting down"
+        else:
+            deadline = math.inf if call.timeout is None else anyio.current_time() + call.timeout
+            running = _Running(deadline)
+            if self._admit(conn, running):
+                conn.running[call.id] = running
+                assert method is not None
+                return call, method, running
+            refusal = ErrorCode.OVERLOADED, "the server is at its call limit"
+        if held:
+            conn.keeper.release(held)  # type: ignore[union-attr]
+        self._refuse(conn, call, *refusal)
+        return None
 
-    def _start_notify(self, conn: _Connection, task_group: TaskGroup, notify: Notify) -> None:
+    def _start_notify(self, conn: _Connection, notify: Notify, held: int) -> _Work | None:
+        """:meth:`_start` for a notification (dropped, not refused)."""
         method = self._methods.get(notify.method)
         running = _Running()
         if method is None:
@@ -432,8 +540,9 @@ class Server:
         elif not self._admit(conn, running):
             why = "the server is at its limit"
         else:
-            self._enqueue(conn, task_group, (notify, method, running))
-            return
+            return notify, method, running
+        if held:
+            conn.keeper.release(held)  # type: ignore[union-attr]
         conn.dropped += 1
         if conn.dropped & (conn.dropped - 1) == 0:  # 1, 2, 4, 8, ...: the log stays small
             logger.warning(
@@ -442,6 +551,58 @@ class Server:
                 conn.dropped,
                 why,
             )
+        return None
+
+    def _charge(self, conn: _Connection, running: _Running, cost: int, held: int) -> bool:
+        """Charge a call about to be queued for its message, of ``cost`` bytes, of
+        which ``held`` came reserved from the comm; return False if it must wait
+        for the budget first (see the module)."""
+        keeper = conn.keeper
+        if held or keeper is None or self._overload == "reject":
+            running.charge = held
+            return True
+        if cost <= conn.allowance:
+            conn.allowance -= cost
+            running.allowance = cost
+            return True
+        if keeper.reserve(cost):
+            running.charge = cost
+            return True
+        return False
+
+    async def _wait_for_budget(self, conn: _Connection) -> None:
+        """Wait until the reservation the connection's account waits for is
+        granted (or the account was closed for stalling), running the budget's
+        stall check from time to time as a waiting comm does."""
+        keeper = conn.keeper
+        assert keeper is not None
+        budget = keeper.budget
+        stall_timeout = budget.stall_timeout
+        interval = math.inf if stall_timeout is None else min(stall_timeout / 4, 1.0)
+        try:
+            while keeper.wanted:
+                granted = conn.granted = anyio.Event()
+                keeper.on_grant = granted.set
+                with anyio.move_on_after(interval):
+                    await granted.wait()
+                if keeper.wanted:
+                    close_stalled(budget)
+        except BaseException:
+            keeper.cancel()
+            raise
+        finally:
+            conn.granted = None
+            keeper.on_grant = None
+
+    def _uncharge(self, conn: _Connection, running: _Running) -> None:
+        """Give back what a call's message was charged (its handler starts, or it
+        left the queue)."""
+        if running.charge:
+            conn.keeper.release(running.charge)  # type: ignore[union-attr]
+            running.charge = 0
+        if running.allowance:
+            conn.allowance += running.allowance
+            running.allowance = 0
 
     def _admit(self, conn: _Connection, running: _Running) -> bool:
         """Whether a call may be queued. With ``overload="reject"``, only if it can
@@ -460,23 +621,46 @@ class Server:
         return conn.tasks < self._max_per_connection + self._max_waiting
 
     def _sweep(self, conn: _Connection) -> None:
-        """Answer and take out the queued calls whose deadline has passed."""
+        """Answer and take out the queued calls whose deadline has passed (and
+        forget the started ones at the head of the deadlines)."""
         now = anyio.current_time()
-        for request, _method, running in conn.queue:
-            if type(request) is Call and not running.withdrawn and running.deadline <= now:
-                self._withdraw(conn, request.id, running)
+        expiries = conn.expiries
+        while expiries:
+            deadline, _, call, running = expiries[0]
+            if running.started or running.withdrawn:
+                heapq.heappop(expiries)
+            elif deadline <= now:
+                heapq.heappop(expiries)
+                self._withdraw(conn, call.id, running)
                 self._refuse(
                     conn,
-                    request,
+                    call,
                     ErrorCode.DEADLINE_EXCEEDED,
-                    f"{_name(request.method)} waited past its deadline",
+                    f"{_name(call.method)} waited past its deadline",
                 )
+            else:
+                break
+
+    async def _expire(self, conn: _Connection) -> None:
+        """The connection's timer: answer each queued call when its deadline
+        passes, which gives its charge back (see the module)."""
+        while True:
+            try:
+                self._sweep(conn)
+            except (LocalProtocolError, SerializationError):  # a refusal that cannot go
+                logger.warning("rpc: a refusal could not be sent", exc_info=True)
+                continue  # (that call is out of the queue: on with the others)
+            wakeup = conn.expiry_wakeup = anyio.Event()
+            conn.expiry_at = conn.expiries[0][0] if conn.expiries else math.inf
+            with anyio.CancelScope(deadline=conn.expiry_at):
+                await wakeup.wait()
 
     def _withdraw(self, conn: _Connection, call_id: int, running: _Running) -> None:
         """Take a call out of the queue before it started (a worker skips it)."""
         running.withdrawn = True
         del conn.running[call_id]
         self._release(conn, running)
+        self._uncharge(conn, running)
         conn.tasks -= 1
         self._check_idle()
 
@@ -488,6 +672,26 @@ class Server:
         elif conn.workers < self._max_per_connection:
             conn.workers += 1
             task_group.start_soon(self._worker, conn)
+        else:
+            self._watch_deadline(conn, task_group, work)
+
+    def _watch_deadline(self, conn: _Connection, task_group: TaskGroup, work: _Work) -> None:
+        """Give the timer the deadline of a call that waits for a worker. (A worker
+        is on its way to the others; its deadline scope covers what comes next.)"""
+        request, _method, running = work
+        if running.deadline == math.inf or type(request) is not Call:
+            return
+        expiries = conn.expiries
+        if len(expiries) > 2 * len(conn.queue) + 64:  # mostly started ones: compact
+            expiries[:] = [e for e in expiries if not (e[3].started or e[3].withdrawn)]
+            heapq.heapify(expiries)
+        conn.sequence += 1
+        heapq.heappush(expiries, (running.deadline, conn.sequence, request, running))
+        if conn.expiry_wakeup is None:  # the first: make the timer
+            conn.expiry_wakeup = anyio.Event()  # (which replaces it)
+            task_group.start_soon(self._expire, conn)
+        elif running.deadline < conn.expiry_at:
+            conn.expiry_wakeup.set()
 
     @staticmethod
     def _refuse(conn: _Connection, call: Call, code: ErrorCode, text: str) -> None:
@@ -521,6 +725,8 @@ class Server:
                         await self._run_notify(conn, request, method, running, base.copy())
                 finally:
                     self._release(conn, running)
+                    self._uncharge(conn, running)
+                    conn.finished += 1
                     conn.tasks -= 1
                     self._check_idle()
                 since_yield += 1
@@ -560,6 +766,7 @@ class Server:
                 if running.deadline != math.inf and anyio.current_time() >= running.deadline:
                     await checkpoint()  # its deadline passed in the queue: cancelled here
                 await self._take_slot(conn, running)
+                self._uncharge(conn, running)  # its arguments are the handler's now
                 if call.stream:
                     reply = await self._invoke_stream(conn, call, method, running, context)
                 else:
@@ -655,6 +862,7 @@ class Server:
         context: contextvars.Context,
     ) -> None:
         await self._take_slot(conn, running)
+        self._uncharge(conn, running)
         try:
             result = context.run(method, *notify.args, **notify.kwargs)
             if inspect.iscoroutine(result):
@@ -699,6 +907,10 @@ async def serve(
             either (backpressure).
         listen_arguments: passed to :func:`anyio_comm.listen` (``options``,
             ``ssl_context``, ``max_connections``, ``receive_budget``, options).
+            The receive budget also counts the arguments of the calls that
+            wait for a worker or a slot, until their handler starts; when it
+            is spent, the connection whose call does not fit is not read until
+            queued calls start or leave (backpressure, nothing is refused).
 
     Raises:
         TypeError: ``handlers`` has a method that is not callable, or a name

@@ -114,6 +114,35 @@ def test_cancel_leaves_the_line() -> None:
     b.cancel()  # not waiting: nothing happens
 
 
+def test_a_transfer_keeps_the_bytes_reserved_under_another_account() -> None:
+    """What a taken message held moves to the account that keeps it charged (an
+    RPC server's queue): nothing is granted, the budget's total is unchanged,
+    and the bytes go back when the new holder releases them or closes."""
+    budget = ReceiveBudget(100)
+    comm, keeper, waiter, other = (budget.account() for _ in range(4))
+    granted: list[str] = []
+    waiter.on_grant = lambda: granted.append("waiter")
+    assert comm.reserve(60)
+    assert not waiter.reserve(50)
+    comm.transfer(60, keeper)
+    assert (comm.held, keeper.held, budget.in_use, granted) == (0, 60, 60, [])
+    assert comm.released == 1  # progress for comm's stall check
+    keeper.release(60)
+    assert granted == ["waiter"] and budget.in_use == 50
+    # the lane of messages larger than the budget moves with its message
+    assert comm.reserve(500)
+    comm.transfer(500, keeper)
+    assert not other.reserve(600)  # the lane is still taken
+    keeper.close()
+    assert other.held == 600 and budget.in_use == 650
+    # to a closed account: given back
+    assert comm.reserve(20)
+    comm.transfer(20, keeper)
+    assert comm.held == 0 and budget.in_use == 650
+    with pytest.raises(ValueError, match="different budgets"):
+        comm.transfer(1, ReceiveBudget(10).account())
+
+
 def test_stall_check_picks_the_largest_holders_without_progress() -> None:
     budget = ReceiveBudget(100, stall_timeout=10)
     small, large, moving, waiter = (budget.account() for _ in range(4))
