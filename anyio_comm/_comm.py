@@ -59,7 +59,7 @@ import asyncio
 import enum
 import logging
 import math
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, Final, NoReturn, cast
 
 from anyio import (
     BrokenResourceError,
@@ -396,11 +396,9 @@ class Comm(ObjectStream[Any]):
         try:
             return self._serializer.loads(frames)
         except RemoteProtocolError as exc:
-            exc.rule = "message-layer"
             error = exc.with_traceback(None)  # (its frames hold the message's buffers)
         del frames  # (the message goes before the close record does)
-        await self._fail(reason=reason_for_protocol_error(error))
-        raise error
+        await self._refuse(error)
 
     async def _receive_with_cost(self) -> tuple[Any, int]:
         """:meth:`receive`, and what the message costs as the receive budget counts
@@ -411,12 +409,24 @@ class Comm(ObjectStream[Any]):
             Exception: what :meth:`receive` raises.
         """
         frames = await self.receive_frames()
+        cost = _cost(cast("Frames", frames))
         try:
-            return self._serializer.loads(frames), _cost(cast("Frames", frames))
+            return self._serializer.loads(frames), cost
         except RemoteProtocolError as exc:
-            exc.rule = "message-layer"
-            await self._fail(reason=reason_for_protocol_error(exc))
-            raise
+            error = exc.with_traceback(None)
+        del frames
+        await self._refuse(error)
+
+    async def _refuse(self, error: RemoteProtocolError) -> NoReturn:
+        """Close the connection for a message whose body cannot be decoded (its
+        frames already dropped: the error must not keep them), and raise ``error``.
+
+        Raises:
+            RemoteProtocolError: ``error``.
+        """
+        error.rule = "message-layer"
+        await self._fail(reason=reason_for_protocol_error(error))
+        raise error
 
     def _keep_taken(self) -> tuple[BudgetAccount, int] | None:
         """Keep received messages charged to the receive budget after they are

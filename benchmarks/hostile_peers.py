@@ -640,7 +640,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=csv_list(None, int),
         default=None,
         help="cumulative peer counts to measure at (default: 0,16,64,256 for declare and "
-        "frames, 0,1000 for idle, 0,2 for rpc-queue)",
+        "frames, 0,1000 for idle, 0,1,64 for bomb, 0,2 for rpc-queue)",
     )
     add("--declare", type=_harness.parse_size, default=2**30, help="frame declared (1GiB)")
     add(
