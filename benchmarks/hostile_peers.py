@@ -17,7 +17,11 @@ send a valid preamble and then, per ``--scenario``:
   (128 KiB each), which the server's handler takes with ``receive_frames()``
   and keeps while the connection is open: what a taken message holds (as frame
   objects, 6.4 MB each);
-* ``idle``: nothing after the preamble.
+* ``idle``: nothing after the preamble;
+* ``silent``: nothing at all, not even a preamble (with ``--transport tls``
+  not even a TLS ClientHello: a plain TCP connection to the TLS listener),
+  until the server drops them at its ``handshake_timeout`` (10 s by default;
+  each step is measured well before that).
 
 They are opened in steps (``--peers``, cumulative counts); after each step
 and a settling second the server reports its resident set size (``VmRSS``),
@@ -36,6 +40,7 @@ Run from the repository root::
     python -m benchmarks.hostile_peers --scenario frames --peers 0,16,64
     python -m benchmarks.hostile_peers --scenario taken --peers 0,16,64
     python -m benchmarks.hostile_peers --scenario idle --peers 0,1000
+    python -m benchmarks.hostile_peers --scenario silent --peers 0,2000 --transport tls
     python -m benchmarks.hostile_peers --unprotected --peers 0,1,4   # the old behaviour
 """
 
@@ -74,7 +79,7 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
 TRANSPORTS = ("tcp", "tls")
-SCENARIOS = ("declare", "frames", "taken", "idle")
+SCENARIOS = ("declare", "frames", "taken", "idle", "silent")
 TLS_VERSION = "1.3"
 SETTLE = 1.0  # seconds between opening a step's peers and measuring
 STEP_TIMEOUT = 120.0  # seconds for one step (opening peers and the round trips)
@@ -157,6 +162,12 @@ def server_main(conn: Connection, case: Case, tls: TLSFiles | None) -> None:
 # -- client ---------------------------------------------------------------------
 
 
+async def _open_silent_peer(host: str, port: int) -> anyio.abc.ByteStream:
+    """The ``silent`` scenario's peer: a TCP connection that sends nothing (no TLS
+    handshake either, whatever the transport)."""
+    return await anyio.connect_tcp(host, port)
+
+
 async def _open_peer(
     host: str, port: int, ssl_context: ssl.SSLContext | None, first_bytes: bytes
 ) -> anyio.abc.ByteStream:
@@ -195,7 +206,10 @@ async def _client(
 
                 async def open_one() -> None:
                     async with limiter:
-                        stream = await _open_peer(host, int(port), ssl_context, first)
+                        if case.scenario == "silent":
+                            stream = await _open_silent_peer(host, int(port))
+                        else:
+                            stream = await _open_peer(host, int(port), ssl_context, first)
                     stack.push_async_callback(anyio.aclose_forcefully, stream)
 
                 async with anyio.create_task_group() as tg:
@@ -308,7 +322,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=csv_list(None, int),
         default=None,
         help="cumulative peer counts to measure at (default: 0,16,64,256 for declare and "
-        "frames, 0,1000 for idle)",
+        "frames, 0,1000 for idle, 0,2000 for silent)",
     )
     add("--declare", type=_harness.parse_size, default=2**30, help="frame declared (1GiB)")
     add(
@@ -329,7 +343,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     _harness.add_output_options(parser)
     args = parser.parse_args(argv)
     if args.peers is None:
-        args.peers = [0, 1000] if args.scenario == "idle" else [0, 16, 64, 256]
+        args.peers = {"idle": [0, 1000], "silent": [0, 2000]}.get(args.scenario, [0, 16, 64, 256])
     if sorted(args.peers) != args.peers or not args.peers or args.peers[0] < 0:
         parser.error("--peers must be increasing counts from 0 up")
     if args.frames > anyio_comm.Limits().max_frames:
@@ -358,6 +372,7 @@ def main(argv: list[str] | None = None) -> int:
         "frames": f"each sending the header of a message of {args.frames:,} frames",
         "taken": f"each sending {args.messages} messages of {args.frames:,} empty frames, kept",
         "idle": "idle after the preamble",
+        "silent": "connected, silent (no preamble, no TLS handshake)",
     }[args.scenario]
     print(f"{args.transport}, {mode}; peers {what}", flush=True)
     cases = [
