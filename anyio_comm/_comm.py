@@ -997,6 +997,9 @@ async def _exchange_preambles(
     capabilities = {Capability.CLOSE_REASONS}
     if options.allow_pickle:
         capabilities.add(Capability.PICKLE)
+    # (the protocol state only once the transport's handshake is done: a TLS
+    # peer that never completes it costs none)
+    await transport.handshake()
     conn = Connection(
         options.limits,
         read_buffer_size=options.read_buffer_size,
@@ -1005,7 +1008,6 @@ async def _exchange_preambles(
         capabilities=capabilities,
         compression=options.compression,
     )
-    await transport.handshake()
     await transport.send_all([conn.preamble()])
     if early_data:
         conn.send_early()
