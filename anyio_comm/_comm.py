@@ -325,7 +325,9 @@ class Comm(ObjectStream[Any]):
     @property
     def peer_close_reason(self) -> CloseReason | None:
         """What the peer's close record said, once :meth:`receive` reached it
-        (``None`` before, and when the peer closed without one)."""
+        (``None`` before, and when the peer closed without one). Its ``name`` and
+        ``text`` are exactly what the peer sent: ``str()`` of the reason escapes
+        their control characters, they themselves do not."""
         return self._peer_reason
 
     @property
