@@ -14,6 +14,7 @@ __all__ = [
     "check_tls_options",
     "format_socket_address",
     "parse_address",
+    "with_address",
 ]
 
 SCHEMES: Final = ("tcp", "tls", "unix", "inproc")
@@ -140,6 +141,20 @@ def check_tls_options(address: Address, ssl_context: ssl.SSLContext | None) -> N
             )
     elif ssl_context is not None:
         raise ValueError(f"ssl_context was given for {str(address)!r}; TLS needs a tls:// address")
+
+
+def with_address(exc: OSError, doing: str) -> OSError:
+    """The same error, its message ending in what we were doing with which address
+    (``doing``: ``"listening on unix:///run/app.sock"``), for the messages the
+    system gives, which name none ("Address already in use", "AF_UNIX path too
+    long"). Its class and ``errno`` (``strerror``: the system's text) stay; an
+    error without an ``errno`` stays one.
+    """
+    if exc.errno is None:
+        clear = type(exc)(f"{exc} ({doing})")
+    else:
+        clear = type(exc)(exc.errno, f"{exc.strerror} ({doing})")
+    return clear.with_traceback(exc.__traceback__)
 
 
 def format_socket_address(family: int, address: Any, scheme: str = "tcp") -> str:

@@ -332,7 +332,9 @@ class Comm(ObjectStream[Any]):
     @property
     def peer_close_reason(self) -> CloseReason | None:
         """What the peer's close record said, once :meth:`receive` reached it
-        (``None`` before, and when the peer closed without one)."""
+        (``None`` before, and when the peer closed without one). Its ``name`` and
+        ``text`` are exactly what the peer sent: ``str()`` of the reason escapes
+        their control characters, they themselves do not."""
         return self._peer_reason
 
     @property
@@ -1064,6 +1066,9 @@ async def _exchange_preambles(
     capabilities = {Capability.CLOSE_REASONS}
     if options.allow_pickle:
         capabilities.add(Capability.PICKLE)
+    # (the protocol state only once the transport's handshake is done: a TLS
+    # peer that never completes it costs none)
+    await transport.handshake()
     conn = Connection(
         options.limits,
         read_buffer_size=options.read_buffer_size,
@@ -1072,7 +1077,6 @@ async def _exchange_preambles(
         capabilities=capabilities,
         compression=options.compression,
     )
-    await transport.handshake()
     await transport.send_all([conn.preamble()])
     if early_data:
         conn.send_early()

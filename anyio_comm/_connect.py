@@ -23,6 +23,7 @@ from ._addressing import (
     format_socket_address,
     format_tcp,
     parse_address,
+    with_address,
 )
 from ._comm import Comm, establish
 from ._exceptions import RemoteProtocolError
@@ -283,13 +284,15 @@ def _attempts_failed(
     )
 
 
-def _with_address(exc: OSError, address: str) -> OSError:
+def _with_address(exc: OSError, address: str, scheme: str) -> OSError:
     """The same error, its message naming the address we tried to reach."""
-    if exc.errno is None or isinstance(exc, ssl.SSLError):
-        return exc  # our own messages already say it; TLS errors keep their fields
+    if isinstance(exc, ssl.SSLError):
+        return exc  # TLS errors keep their fields
+    if exc.errno is None and scheme != "unix":
+        return exc  # our own messages already say it
+    # (a unix:// one without errno: Python's "AF_UNIX path too long")
     what = "resolving" if isinstance(exc, socket.gaierror) else "connecting to"
-    clear = type(exc)(exc.errno, f"{exc.strerror} ({what} {address})")
-    return clear.with_traceback(exc.__traceback__)
+    return with_address(exc, f"{what} {address}")
 
 
 def _check_delay(delay: float) -> None:
@@ -429,7 +432,8 @@ async def connect(
             ``ConnectionRefusedError`` (nobody listens there; also for an
             ``inproc://`` name with no listener), ``FileNotFoundError`` (no
             ``unix://`` socket file), ``OSError`` with ``errno.ENETUNREACH`` or
-            ``errno.EHOSTUNREACH`` (no route).
+            ``errno.EHOSTUNREACH`` (no route), a plain ``OSError`` without
+            ``errno`` for a ``unix://`` path longer than the system allows.
         RemoteProtocolError: the peer does not speak anyio-comm; the message
             names the address, and says so when the peer speaks TLS (a
             ``tls://`` listener).
@@ -506,7 +510,7 @@ async def _connect_once(
             happy_eyeballs_delay,
         )
     except OSError as exc:
-        raise _with_address(exc, address) from None
+        raise _with_address(exc, address, parsed.scheme) from None
     transport: Transport = SocketTransport(sock)
     try:
         if parsed.scheme == "unix":

@@ -119,6 +119,9 @@ class PeerClosed(CommError):
     Peers that do not announce the ``CLOSE_REASONS`` capability (every
     version-1 peer) send no close records: their close is an end of stream.
 
+    The message shows the reason with the peer's control characters escaped;
+    :attr:`reason` keeps its exact text.
+
     Attributes:
         reason: what the record said (:class:`~anyio_comm.CloseReason`).
     """

@@ -62,6 +62,7 @@ from ._addressing import (
     format_socket_address,
     format_tcp,
     parse_address,
+    with_address,
 )
 from ._comm import Comm, IdleHook, establish
 from ._compat import Unpack, final
@@ -237,11 +238,21 @@ async def _bind_tcp(host: str, port: int, backlog: int) -> list[socket.socket]:
 
 
 def _bind_unix(path: str, backlog: int) -> socket.socket:
+    """A listening socket bound to ``path``.
+
+    Raises:
+        OSError: as the system says (its class and ``errno``), the message
+            naming the address ("Address already in use", "AF_UNIX path too
+            long" name none).
+    """
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(path)
         sock.listen(backlog)
         sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise with_address(exc, f"listening on unix://{path}") from None
     except BaseException:
         sock.close()
         raise
@@ -554,7 +565,8 @@ async def listen(
             ``tls://`` (or given for another scheme).
         TypeError: ``handler`` is not callable, an unknown keyword, or an
             option (or ``receive_budget``) of the wrong type.
-        OSError: the address could not be bound (in use, permission, ...).
+        OSError: the address could not be bound (in use, permission, ...);
+            for a ``unix://`` address the message names it.
     """
     parsed: Address = parse_address(address)
     check_tls_options(parsed, ssl_context)

@@ -33,7 +33,11 @@ send a valid preamble and then, per ``--scenario``:
   plus ``max_waiting_per_connection``, all admitted) of a 256 KiB argument to
   a method that sleeps 60 s, without reading replies: what waiting calls make
   the server hold (``--peers 0,2`` by default; the legitimate client makes RPC
-  calls).
+  calls);
+* ``silent``: nothing at all, not even a preamble (with ``--transport tls``
+  not even a TLS ClientHello: a plain TCP connection to the TLS listener),
+  until the server drops them at its ``handshake_timeout`` (10 s by default;
+  each step is measured well before that).
 
 They are opened in steps (``--peers``, cumulative counts); after each step
 and a settling second the server reports its resident set size (``VmRSS``),
@@ -60,6 +64,7 @@ Run from the repository root::
     python -m benchmarks.hostile_peers --scenario bomb --peers 0,4 --declare 16MiB \
         --bombs 100000 --attack 10
     python -m benchmarks.hostile_peers --scenario rpc-queue --backend asyncio
+    python -m benchmarks.hostile_peers --scenario silent --peers 0,2000 --transport tls
     python -m benchmarks.hostile_peers --unprotected --peers 0,1,4   # the old behaviour
 """
 
@@ -104,7 +109,7 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
 TRANSPORTS = ("tcp", "tls")
-SCENARIOS = ("declare", "frames", "taken", "idle", "bomb", "rpc-queue")
+SCENARIOS = ("declare", "frames", "taken", "idle", "silent", "bomb", "rpc-queue")
 TLS_VERSION = "1.3"
 SETTLE = 1.0  # seconds between opening a step's peers and measuring
 STEP_TIMEOUT = 120.0  # seconds for one step (opening peers and the round trips)
@@ -199,6 +204,12 @@ def server_main(conn: Connection, case: Case, tls: TLSFiles | None) -> None:
 # -- client ---------------------------------------------------------------------
 
 
+async def _open_silent_peer(host: str, port: int) -> anyio.abc.ByteStream:
+    """The ``silent`` scenario's peer: a TCP connection that sends nothing (no TLS
+    handshake either, whatever the transport)."""
+    return await anyio.connect_tcp(host, port)
+
+
 async def _open_peer(
     host: str, port: int, ssl_context: ssl.SSLContext | None, first_bytes: bytes
 ) -> anyio.abc.ByteStream:
@@ -240,7 +251,10 @@ async def _client(
 
                 async def open_one() -> None:
                     async with limiter:
-                        stream = await _open_peer(host, int(port), ssl_context, first)
+                        if case.scenario == "silent":
+                            stream = await _open_silent_peer(host, int(port))
+                        else:
+                            stream = await _open_peer(host, int(port), ssl_context, first)
                     stack.push_async_callback(anyio.aclose_forcefully, stream)
 
                 async with anyio.create_task_group() as tg:
@@ -640,7 +654,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=csv_list(None, int),
         default=None,
         help="cumulative peer counts to measure at (default: 0,16,64,256 for declare and "
-        "frames, 0,1000 for idle, 0,1,64 for bomb, 0,2 for rpc-queue)",
+        "frames, 0,1000 for idle, 0,2000 for silent, 0,1,64 for bomb, 0,2 for rpc-queue)",
     )
     add("--declare", type=_harness.parse_size, default=2**30, help="frame declared (1GiB)")
     add(
@@ -674,7 +688,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     _rpc_queue_arguments(parser, args)
     if args.peers is None:
-        args.peers = {"idle": [0, 1000], "bomb": [0, 1, 64]}.get(args.scenario, [0, 16, 64, 256])
+        args.peers = {"idle": [0, 1000], "silent": [0, 2000], "bomb": [0, 1, 64]}.get(
+            args.scenario, [0, 16, 64, 256]
+        )
     if sorted(args.peers) != args.peers or not args.peers or args.peers[0] < 0:
         parser.error("--peers must be increasing counts from 0 up")
     if args.frames > anyio_comm.Limits().max_frames:
@@ -706,6 +722,7 @@ def main(argv: list[str] | None = None) -> int:
         "bomb": f"each sending {args.bombs:,} {BOMB_CODEC} bombs of {args.declare:,} bytes, "
         f"leaving after {args.attack:g} s",
         "rpc-queue": f"each queueing {RPC_CALLS:,} RPC calls of {RPC_ARGUMENT:,} bytes",
+        "silent": "connected, silent (no preamble, no TLS handshake)",
     }[args.scenario]
     print(f"{args.transport}, {mode}; peers {what}", flush=True)
     cases = [

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import socket
@@ -372,3 +373,56 @@ async def test_host_name_binds_every_address_on_one_port() -> None:
             async with await anyio_comm.connect(address, timeout=5) as comm:
                 await comm.send(address)
                 assert await comm.receive() == address
+
+
+# -- unix:// errors name the path -----------------------------------------------------
+
+needs_unix = pytest.mark.skipif(not HAVE_UNIX, reason="no Unix sockets")
+
+
+@needs_unix
+async def test_a_unix_address_in_use_is_named() -> None:
+    """Listening where a listener (or a socket file some process left) is: "Address
+    already in use", an OSError with its errno, saying which path."""
+    async with listen_address("unix") as address, anyio_comm.listen(address, echo):
+        with pytest.raises(OSError) as info:
+            async with anyio_comm.listen(address, echo):
+                pass
+        assert info.value.errno == errno.EADDRINUSE
+        assert (info.value.strerror or "").startswith(os.strerror(errno.EADDRINUSE))
+        assert f"listening on {address}" in str(info.value)
+        # the first listener still serves
+        async with await anyio_comm.connect(address) as comm:
+            await comm.send("still")
+            assert await comm.receive() == "still"
+
+
+@needs_unix
+async def test_a_unix_path_in_a_missing_directory_is_named() -> None:
+    async with listen_address("unix") as address:
+        address = address.replace("/s.sock", "/no-such-directory/s.sock")
+        with pytest.raises(FileNotFoundError) as info:
+            async with anyio_comm.listen(address, echo):
+                pass
+        assert info.value.errno == errno.ENOENT
+        assert f"listening on {address}" in str(info.value)
+        with pytest.raises(FileNotFoundError) as info:
+            await anyio_comm.connect(address)
+        assert f"connecting to {address}" in str(info.value)
+
+
+@needs_unix
+async def test_a_unix_path_too_long_is_named() -> None:
+    """A path longer than AF_UNIX allows (108 bytes on Linux): the error Python raises
+    names no path; listen() and connect() raise it as a plain OSError (no errno, as
+    Python's) that does."""
+    address = "unix:///tmp/" + "x" * 200 + "/s.sock"
+    with pytest.raises(OSError) as info:
+        async with anyio_comm.listen(address, echo):
+            pass
+    assert type(info.value) is OSError and info.value.errno is None
+    assert str(info.value) == f"AF_UNIX path too long (listening on {address})"
+    with pytest.raises(OSError) as info:
+        await anyio_comm.connect(address)
+    assert type(info.value) is OSError and info.value.errno is None
+    assert str(info.value) == f"AF_UNIX path too long (connecting to {address})"

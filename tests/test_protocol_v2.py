@@ -305,6 +305,72 @@ async def test_a_malformed_close_record_is_answered_as_a_protocol_error(kind: st
     assert (reason.code, reason.name) == (CloseCode.PROTOCOL_ERROR, "wire-format")
 
 
+#: a close record's name and text as a hostile peer may send them
+HOSTILE_NAME = "rule\x00\x1b[31m"
+HOSTILE_TEXT = "\x00\x1b[2J\x1b]0;title\x07\r\nforged line\u202e"
+
+
+def assert_shown_escaped(shown: str) -> None:
+    """``shown`` (lines of text) has the hostile reason's characters escaped, none of
+    them raw."""
+    for line in shown.splitlines():
+        assert line.isprintable(), repr(line)
+    assert "rule\\x00\\x1b[31m" in shown
+    assert "\\x00\\x1b[2J\\x1b]0;title\\x07\\r\\nforged line\\u202e" in shown
+
+
+@pytest.mark.parametrize("kind", RAW_KINDS)
+async def test_a_peers_close_reason_is_shown_escaped(
+    kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A raw peer's close record holds NUL, terminal escape sequences, a line break and
+    a bidirectional override: the PeerClosedError's message and the listener's log
+    lines show them escaped, while the exception's reason keeps the exact text."""
+    caught: list[PeerClosedError] = []
+
+    async def handler(comm: Comm) -> None:
+        try:
+            await comm.receive()
+        except PeerClosedError as exc:
+            caught.append(exc)
+            raise RuntimeError("the upstream peer went away") from exc
+
+    reason = CloseReason(0xC001, HOSTILE_NAME, HOSTILE_TEXT)
+    context = server_context(TLS_VERSIONS[kind]) if kind in TLS_VERSIONS else None
+    with caplog.at_level(logging.DEBUG, logger="anyio_comm"):
+        async with (
+            listen_address(kind) as address,
+            anyio_comm.listen(address, handler, ssl_context=context) as listener,
+            raw_connection(kind, port_of(listener.address)) as stream,
+        ):
+            await stream.send(encode_preamble(Limits(), CLOSE_ONLY) + encode_close_record(reason))
+            await read_to_end(stream)
+    (exc,) = caught
+    assert exc.reason == reason  # the exact text, for a program that wants it
+    assert_shown_escaped(str(exc))
+    logged = [r for r in caplog.records if r.name == "anyio_comm" and r.exc_info]
+    assert logged, caplog.text
+    assert_shown_escaped(caplog.text)
+
+
+def test_a_close_reason_is_shown_escaped() -> None:
+    """str() of a reason escapes what is not printable in its name and text; the
+    fields, and the decoder's end of data, keep the record's exact text."""
+    reason = CloseReason(CloseCode.PROTOCOL_ERROR, HOSTILE_NAME, HOSTILE_TEXT)
+    assert_shown_escaped(str(reason))
+    assert str(reason).startswith("PROTOCOL_ERROR (")
+    assert str(CloseReason(CloseCode.NORMAL, "", "é and 日本")) == "NORMAL (é and 日本)"
+    decoder = FrameDecoder(capabilities=CLOSE_ONLY)
+    decoder.feed(encode_preamble(Limits(), CLOSE_ONLY) + encode_close_record(reason))
+    assert decoder.next_handshake() is not None
+    with pytest.raises(EndOfData) as info:
+        decoder.next_message()
+    assert info.value.reason == reason
+    assert (info.value.reason.name, info.value.reason.text) == (HOSTILE_NAME, HOSTILE_TEXT)
+    assert_shown_escaped(str(info.value))
+    assert_shown_escaped(str(PeerClosed.of(reason)))
+
+
 @pytest.mark.parametrize("kind", ["tcp", "unix", "inproc", "tls1.3"])
 async def test_a_listener_tells_why_it_closes(kind: str, caplog: pytest.LogCaptureFixture) -> None:
     """A handler's exception: HANDLER_ERROR with the class name and message; the

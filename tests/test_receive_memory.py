@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import gc
 import os
+import socket
+import ssl
 import tracemalloc
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -13,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 import msgpack
 import pytest
+from anyio.streams.tls import TLSStream
 
 import anyio_comm
 from anyio_comm import (
@@ -24,7 +27,7 @@ from anyio_comm import (
 )
 from anyio_comm._sansio.budget import message_cost
 from anyio_comm._sansio.serialization import Serializer
-from anyio_comm._sansio.wire import encode_header, encode_preamble
+from anyio_comm._sansio.wire import Capability, encode_header, encode_preamble
 
 from .certs import client_context, server_context
 from .helpers import ADDRESS_TRANSPORTS, listen_address
@@ -512,3 +515,106 @@ async def test_taken_messages_of_many_tiny_frames_hold_under_8_times_their_size(
                     await anyio.aclose_forcefully(stream)
     finally:
         tracemalloc.stop()
+
+
+# -- peers that send nothing -------------------------------------------------------
+
+
+def _tls_sessions() -> int:
+    """The ``ssl.SSLObject`` instances alive (each holds an OpenSSL session)."""
+    gc.collect()
+    return sum(isinstance(o, ssl.SSLObject) for o in gc.get_objects())
+
+
+def _package_traced() -> int:
+    """Bytes traced as allocated by the package's own lines (not the event loop's,
+    whose debug mode records a stack per callback)."""
+    gc.collect()
+    package = os.path.join(os.path.dirname(anyio_comm.__file__), "*")
+    snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(True, package)])
+    return sum(stat.size for stat in snapshot.statistics("filename"))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_silent_peers_cost_no_read_buffer(scheme: str) -> None:
+    """64 peers connect and send nothing at all (no preamble; over TLS not even a
+    ClientHello): until the handshake_timeout drops them, each costs the listener
+    a few KiB, not a read-ahead buffer (64 KiB) or a TLS session with its
+    ciphertext buffer; and a client is served meanwhile."""
+    peers = 64
+    gc.collect()
+    tracemalloc.start()
+    sockets: list[socket.socket] = []
+    try:
+        with anyio.fail_after(60):
+            async with echo_listener(scheme) as (listener, _ended):
+                await round_trips(listener, scheme)  # warm up
+                host, port = listener.address.split("://")[1].rsplit(":", 1)
+                connections = listener._server.connections
+                sessions_before = _tls_sessions()
+                traced_before = _package_traced()
+                for _ in range(peers):
+                    sock = socket.create_connection((host, int(port)))
+                    sock.setblocking(False)
+                    sockets.append(sock)
+                while len(connections) < peers:  # each in its handshake
+                    await anyio.sleep(0.01)
+                await anyio.sleep(0.1)  # (and waiting for its peer's bytes)
+                traced = _package_traced() - traced_before
+                assert traced < peers * 8 * 1024, f"{traced / peers:.0f} bytes per silent peer"
+                assert _tls_sessions() <= sessions_before  # (the warm-up may be gone)
+                await round_trips(listener, scheme)
+    finally:
+        tracemalloc.stop()
+        for sock in sockets:
+            sock.close()
+
+
+async def test_a_tls_client_that_waits_before_its_client_hello_is_served() -> None:
+    """The listener makes a TLS session only once the client's first bytes can be
+    read: a client that connects, waits, then speaks is served as any other."""
+    async with echo_listener("tls", handshake_timeout=5) as (listener, _ended):
+        host, port = listener.address.split("://")[1].rsplit(":", 1)
+        with anyio.fail_after(10):
+            tcp = await anyio.connect_tcp(host, int(port))
+            await anyio.sleep(0.2)
+            stream = await TLSStream.wrap(
+                tcp, hostname="localhost", ssl_context=client_context(), standard_compatible=False
+            )
+            async with stream:
+                await stream.send(encode_preamble(Limits()) + wire({"late": True}))
+                received = b""
+                expected = len(encode_preamble(Limits(), {Capability.CLOSE_REASONS}))
+                expected += len(wire({"late": True}))
+                while len(received) < expected:
+                    received += await stream.receive()
+                assert received.endswith(wire({"late": True}))
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+async def test_messages_in_the_same_write_as_the_preamble(scheme: str) -> None:
+    """A peer's preamble and its first messages arrive in one read of the small
+    buffer that waits for the preamble: every message is delivered, those begun
+    in that read included."""
+    messages = [{"i": i, "pad": "x" * (i % 97)} for i in range(300)]
+    data = encode_preamble(Limits()) + b"".join(map(wire, messages))
+    async with echo_listener(scheme) as (listener, _ended):
+        host, port = listener.address.split("://")[1].rsplit(":", 1)
+        stream: ByteStream
+        if scheme == "tls":
+            stream = await anyio.connect_tcp(
+                host, int(port), tls=True, ssl_context=client_context(), tls_hostname="localhost"
+            )
+        else:
+            stream = await anyio.connect_tcp(host, int(port))
+        async with stream:
+            await stream.send(data)
+            expected = len(encode_preamble(Limits(), {Capability.CLOSE_REASONS}))
+            expected += len(data) - len(encode_preamble(Limits()))
+            received = b""
+            with anyio.fail_after(10):
+                while len(received) < expected:
+                    received += await stream.receive()
+            assert received[-(len(data) - len(encode_preamble(Limits()))) :] == b"".join(
+                map(wire, messages)
+            )

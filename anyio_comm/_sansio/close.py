@@ -23,7 +23,7 @@ import struct
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from .errors import RemoteProtocolError
+from .errors import RemoteProtocolError, printable
 
 if TYPE_CHECKING:
     from ._buffer import Buffer
@@ -83,11 +83,20 @@ class CloseCode(enum.IntEnum):
 class CloseReason:
     """Why a side closed the connection, as its close record says.
 
+    ``name`` and ``text`` hold exactly what the peer sent, control characters
+    and all (NUL, terminal escape sequences, line breaks, bidirectional
+    overrides), for a program that wants the text itself: escape them before
+    showing them. ``str()`` of a reason, and so every exception message and
+    log line of the package that shows one, has them escaped as Python escapes
+    them in a string's ``repr()`` (``\\x1b``, ``\\u202e``), so a peer's reason
+    cannot clear a terminal, retitle it or forge a log line.
+
     Attributes:
         code: a :class:`CloseCode`, or an application's own code (an ``int``
             from 0 to 65535).
-        name: which rule, limit or exception class (at most 255 bytes of UTF-8).
-        text: a short explanation (at most 1024 bytes of UTF-8).
+        name: which rule, limit or exception class (at most 255 bytes of UTF-8),
+            as sent.
+        text: a short explanation (at most 1024 bytes of UTF-8), as sent.
 
     Raises:
         ValueError: ``code`` is out of range, ``name`` or ``text`` is too long,
@@ -133,9 +142,11 @@ class CloseReason:
         return not self.code & ERROR_BIT
 
     def __str__(self) -> str:
+        """The code's name, then the name and text with every character that is
+        not printable escaped (see the class)."""
         code = self.code
         label = code.name if isinstance(code, CloseCode) else f"code {code:#06x}"
-        detail = ": ".join(part for part in (self.name, self.text) if part)
+        detail = ": ".join(printable(part) for part in (self.name, self.text) if part)
         return f"{label} ({detail})" if detail else label
 
 

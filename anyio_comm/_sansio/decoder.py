@@ -17,6 +17,14 @@ There are two places bytes can land:
   frame is copied out into a buffer of its own, or, in a many-frame message
   (below), into one buffer with the message's other short frames (a memcpy of a few KiB is far
   cheaper than a syscall).
+  Until the peer's preamble has been parsed it is only
+  :data:`PREAMBLE_BUFFER_SIZE` bytes (1,036), which the longest valid preamble
+  fills: a peer that connects and sends nothing, or a bad preamble, never makes
+  the decoder allocate ``read_buffer_size`` bytes. Once the preamble is parsed,
+  it is replaced by one of ``read_buffer_size`` bytes (64 KiB by default), and
+  whatever followed the preamble in the same reads (early data) moves there.
+  The small buffer is replaced, not resized, so a view of it that the I/O
+  layer still holds stays valid (it is simply no longer the one handed out).
 * the **frame's own buffer**. Each frame gets one exact-size allocation when it
   starts (never before its header passed the limits). A frame that is not
   whole in the read-ahead buffer and would be read directly (see below) gets
@@ -126,10 +134,14 @@ from .wire import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["DEFAULT_READ_BUFFER_SIZE", "EndOfData", "FrameDecoder"]
+__all__ = ["DEFAULT_READ_BUFFER_SIZE", "PREAMBLE_BUFFER_SIZE", "EndOfData", "FrameDecoder"]
 
 DEFAULT_READ_BUFFER_SIZE: Final = 64 * 1024
 MIN_READ_BUFFER_SIZE: Final = 4096
+#: the read-ahead buffer's size until the peer's preamble was parsed: the longest
+#: valid preamble fills it, so a caller that parses between reads (the contract of
+#: get_buffer) is never handed an empty buffer
+PREAMBLE_BUFFER_SIZE: Final = PREAMBLE_FIXED_SIZE + MAX_PREAMBLE_BODY
 
 
 def check_read_buffer_size(read_buffer_size: int) -> None:
@@ -188,7 +200,9 @@ class FrameDecoder:
 
     Args:
         limits: our receive limits, enforced on every header.
-        read_buffer_size: size of the read-ahead buffer (at least 4096).
+        read_buffer_size: size of the read-ahead buffer (at least 4096), from
+            the moment the peer's preamble has been parsed (before,
+            :data:`PREAMBLE_BUFFER_SIZE` bytes).
         allocator: allocates each frame's buffer (see
             :mod:`anyio_comm._sansio.buffers`).
         account: the receive budget's account: a message costing at least
@@ -228,6 +242,7 @@ class FrameDecoder:
         "_limits",
         "_pool",
         "_positions",
+        "_read_buffer_size",
         "_reserved",
         "_small",
         "_start",
@@ -323,7 +338,9 @@ class FrameDecoder:
         # Most frames a whole message in the read-ahead buffer may have to be
         # taken by the many-frame fast path of next_message() (0: never).
         self._fast_count = min(limits.max_frames, SMALL_COUNT) if self._fast_alloc else 0
-        self._buf = bytearray(read_buffer_size)
+        # Small until the peer's preamble is parsed (see _grow).
+        self._read_buffer_size = read_buffer_size
+        self._buf = bytearray(PREAMBLE_BUFFER_SIZE)
         self._view = memoryview(self._buf)
         self._start = 0
         self._end = 0
@@ -489,7 +506,9 @@ class FrameDecoder:
         Call it only after :meth:`next_handshake` / :meth:`next_message`
         returned ``None``. Write up to ``len(buffer)`` bytes into it, then call
         :meth:`buffer_updated` with the number written (or nothing, if the
-        read was abandoned: nothing is lost).
+        read was abandoned: nothing is lost). Before the peer's preamble has been
+        parsed the buffer is small (:data:`PREAMBLE_BUFFER_SIZE` bytes in all);
+        the next call after the preamble was parsed hands out the larger one.
         """
         if self._state is _ENDED:
             self._start = self._end = 0  # after the end nothing is parsed: discard
@@ -541,7 +560,11 @@ class FrameDecoder:
             self.buffer_updated(n)
             view = view[n:]
             if view and not self._direct and self._end == len(self._buf):
-                raise BufferError("read-ahead buffer full: drain with next_message()")
+                if self._state is not _PREAMBLE or len(self._buf) == self._read_buffer_size:
+                    raise BufferError("read-ahead buffer full: drain with next_message()")
+                # The caller holds the bytes already: take the preamble and what
+                # follows it in one go, as before the preamble's small buffer.
+                self._grow()
 
     def receive_eof(self) -> None:
         """Record that the peer will send nothing more. Then keep calling
@@ -616,8 +639,24 @@ class FrameDecoder:
         else:
             self._codecs = frozenset()
         self._start = body + length
+        if len(self._buf) != self._read_buffer_size:
+            self._grow()
         self._state = _COUNT
         return Handshake(version, limits, capabilities, compression)
+
+    def _grow(self) -> None:
+        """Replace the preamble's small read-ahead buffer by one of
+        ``read_buffer_size`` bytes, what it holds from ``_start`` on (early data)
+        moved to its start. A new buffer, not a resize: a view of the old one may
+        still be held by the I/O layer (a resize would raise BufferError)."""
+        start = self._start
+        end = self._end
+        buf = bytearray(self._read_buffer_size)
+        buf[: end - start] = self._view[start:end]
+        self._buf = buf
+        self._view = memoryview(buf)
+        self._start = 0
+        self._end = end - start
 
     def next_message(self) -> Frames | None:
         """Return the next complete message's frames, or ``None`` if more

@@ -9,8 +9,9 @@ protocol or a non-blocking ``SSLSocket``, this keeps our own receive path:
 
 * receive: ``SSLObject.read(n, buffer)`` decrypts straight into the buffer the
   decoder hands out, which for a large frame is the frame's own buffer. Only
-  when OpenSSL needs more ciphertext do we receive into one large reused
-  buffer (256 KiB) and feed it to the incoming BIO. Like every transport, the
+  when OpenSSL needs more ciphertext do we receive into one reused buffer,
+  which starts at 4 KiB and grows fourfold whenever a read fills it, up to
+  256 KiB, and feed it to the incoming BIO. Like every transport, the
   receive never waits (:meth:`TLSTransport.receive_into_nowait` returns
   ``None`` when neither OpenSSL nor the socket has anything); waiting is the
   inner transport's :meth:`~TLSTransport.wait_readable`.
@@ -34,6 +35,11 @@ protocol or a non-blocking ``SSLSocket``, this keeps our own receive path:
   ``send_eof()`` sends ``close_notify`` and keeps reading (TLS half-close).
   ``aclose()`` sends ``close_notify`` if it can within 0.1 s, then closes;
   while another task is in the middle of a send it closes abruptly instead.
+
+A server makes its ``SSLObject`` and its ciphertext buffer only when the
+client's first bytes can be read: until then a client that connected and sent
+nothing costs the server neither (``wrap_bio`` takes about 10 KiB of OpenSSL's
+memory, and its first ``do_handshake`` sets up buffers of about 33 KiB more).
 
 Reading and sending may run in two tasks at once (the comm guards each
 direction): each touches only its own BIO, and ``SSLObject`` calls never
@@ -80,11 +86,15 @@ CHUNK: Final = 256 * 1024
 #: MALLOC_TRIM_THRESHOLD_, as dask's workers do), or every flush maps, faults in and
 #: unmaps its memory: 32 MB messages ran at half the speed there with 256 KiB
 SEND_CHUNK: Final = 64 * 1024
-#: the ciphertext receive buffer's first size: two full TLS records
-FIRST_CIPHER_BUFFER: Final = 2 * (16 * 1024 + 256)
+#: the ciphertext receive buffer's first size: a ClientHello fits, and it grows
+#: fourfold whenever a read fills it (4, 16, 64, then 256 KiB), so that an idle
+#: connection costs little
+FIRST_CIPHER_BUFFER: Final = 4 * 1024
 CLOSE_NOTIFY_TIMEOUT: Final = 0.1
 #: the message of a TCP close without close_notify
 RAGGED_EOF: Final = "TLS connection closed without close_notify"
+#: the ciphertext buffer of a server before the client's first bytes: none
+_NO_CIPHER: Final = memoryview(b"")
 #: how many of the peer's first bytes a transport keeps (for error messages)
 FIRST_BYTES_KEPT: Final = 16
 #: what a server answers to a client whose first bytes are not a TLS record: an alert
@@ -118,6 +128,7 @@ class TLSTransport(Transport):
     __slots__ = (
         "_cipher",
         "_closed",
+        "_context",
         "_eof",
         "_incoming",
         "_inner",
@@ -140,15 +151,14 @@ class TLSTransport(Transport):
         self._inner = inner
         self._incoming = ssl.MemoryBIO()
         self._outgoing = ssl.MemoryBIO()
-        self._ssl = context.wrap_bio(
-            self._incoming,
-            self._outgoing,
-            server_side=server_side,
-            server_hostname=server_hostname,
-        )
-        # Starts small (an idle connection costs little) and grows to CHUNK
-        # once a read fills it, i.e. when bulk data arrives.
-        self._cipher = memoryview(bytearray(FIRST_CIPHER_BUFFER))
+        self._context = context
+        # A client's session and ciphertext buffer now (its handshake begins by
+        # writing); a server's once the client's first bytes can be read (see
+        # _start_session): a client that sends nothing costs neither.
+        self._ssl: ssl.SSLObject | None = None
+        self._cipher = _NO_CIPHER
+        if not server_side:
+            self._start_session(server_side=False, server_hostname=server_hostname)
         self._closed = False
         self._sending = False
         self._send_interrupted = False
@@ -158,9 +168,26 @@ class TLSTransport(Transport):
         self._unsent = b""
         self._peer_first_bytes = b""
 
+    def _start_session(
+        self, *, server_side: bool = True, server_hostname: str | None = None
+    ) -> ssl.SSLObject:
+        """Make the ``SSLObject`` and the ciphertext buffer; return the former."""
+        sslobj = self._ssl = self._context.wrap_bio(
+            self._incoming,
+            self._outgoing,
+            server_side=server_side,
+            server_hostname=server_hostname,
+        )
+        # Starts small (an idle connection costs little) and grows to CHUNK
+        # as reads fill it, i.e. when bulk data arrives.
+        self._cipher = memoryview(bytearray(FIRST_CIPHER_BUFFER))
+        return sslobj
+
     @property
     def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
         sslobj = self._ssl
+        if sslobj is None:  # a server before the client's first bytes: no session yet
+            return self._inner.extra_attributes
         return {
             **self._inner.extra_attributes,
             TLSAttribute.alpn_protocol: sslobj.selected_alpn_protocol,
@@ -224,9 +251,15 @@ class TLSTransport(Transport):
                 :attr:`peer_first_bytes` is what it sent instead).
             anyio.BrokenResourceError: the connection failed.
         """
+        sslobj = self._ssl
+        if sslobj is None:
+            # A server: the client speaks first. Wait for its first bytes before
+            # making the session (see the module).
+            await self._inner.wait_readable()
+            sslobj = self._start_session()
         while True:
             try:
-                self._ssl.do_handshake()
+                sslobj.do_handshake()
             except ssl.SSLWantReadError:
                 await self._flush()
                 await self._fill()
@@ -243,7 +276,7 @@ class TLSTransport(Transport):
                 # server answers a client that does not speak TLS itself.
                 first = self._peer_first_bytes
                 if (
-                    self._ssl.server_side
+                    sslobj.server_side
                     and not self._outgoing.pending
                     and first
                     and not looks_like_tls_record(first)
@@ -258,6 +291,8 @@ class TLSTransport(Transport):
 
     def receive_into_nowait(self, buffer: memoryview) -> int | None:
         sslobj = self._ssl
+        if sslobj is None:  # a server whose handshake() did not run: read() runs it
+            sslobj = self._start_session()
         incoming = self._incoming
         nbytes = buffer.nbytes
         received = 0
@@ -337,6 +372,8 @@ class TLSTransport(Transport):
         if self._closed or self._eof:
             raise ClosedResourceError
         sslobj = self._ssl
+        if sslobj is None:  # a server whose handshake() did not run: write() runs it
+            sslobj = self._start_session()
         encrypted = False
         waited = False
         self._sending = True
@@ -369,8 +406,11 @@ class TLSTransport(Transport):
         if self._closed:
             raise ClosedResourceError
         if not self._eof:
+            sslobj = self._ssl
+            if sslobj is None:
+                sslobj = self._start_session()
             try:
-                self._ssl.unwrap()
+                sslobj.unwrap()
             except ssl.SSLWantReadError:
                 pass  # our close_notify is out; the peer's is not needed to go on reading
             except ssl.SSLError as exc:
@@ -400,8 +440,10 @@ class TLSTransport(Transport):
             self.abort()
         if not self._closed:
             self._closed = True
+            sslobj = self._ssl
             try:
-                self._ssl.unwrap()
+                if sslobj is not None:  # (no session: the client never spoke)
+                    sslobj.unwrap()
             except ssl.SSLError:
                 pass
             if (self._unsent or self._outgoing.pending) and not self._inner.send_interrupted:

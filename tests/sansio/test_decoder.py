@@ -8,7 +8,7 @@ from itertools import accumulate
 import pytest
 
 from anyio_comm import BufferPool, Limits, PackedFrames, RemoteProtocolError
-from anyio_comm._sansio.decoder import EndOfData, FrameDecoder
+from anyio_comm._sansio.decoder import PREAMBLE_BUFFER_SIZE, EndOfData, FrameDecoder
 from anyio_comm._sansio.frames import PACK_BELOW
 from anyio_comm._sansio.pool import ALIGNMENT
 from anyio_comm._sansio.wire import MAGIC, Capability, Handshake, encode_header, encode_preamble
@@ -649,3 +649,106 @@ def test_frames_read_directly_into_a_pool_start_at_their_offset_in_the_message(
             assert where % ALIGNMENT == offsets[i] % ALIGNMENT
         del received
     assert pool.statistics().reused == len(pooled)
+
+
+# -- the read-ahead buffer before the peer's preamble ---------------------------
+
+
+def _traced(make: object) -> int:
+    """Bytes traced as still allocated after ``make()`` (whose result is kept)."""
+    import gc
+    import tracemalloc
+
+    assert callable(make)
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kept = make()
+        after = tracemalloc.get_traced_memory()[0]
+        del kept
+        return after - before
+    finally:
+        tracemalloc.stop()
+
+
+def test_a_decoder_waiting_for_the_preamble_holds_no_read_buffer() -> None:
+    """A peer that connects and sends nothing (or part of a preamble) costs the
+    small preamble buffer, not read_buffer_size bytes."""
+    assert PREAMBLE_BUFFER_SIZE == 12 + 1024  # the longest valid preamble
+    assert _traced(FrameDecoder) < 4096
+    assert _traced(lambda: FrameDecoder(read_buffer_size=1 << 20)) < 4096
+    d = FrameDecoder()
+    assert d.get_buffer().nbytes == PREAMBLE_BUFFER_SIZE
+    d.feed(PREAMBLE[:10])
+    assert d.next_handshake() is None
+    assert d.get_buffer().nbytes == PREAMBLE_BUFFER_SIZE - 10
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [b"GET / HTTP/1.1\r\n", b"\x16\x03\x01\x02\x00", MAGIC + b"\x00\x01\xff\xff"],
+)
+def test_a_bad_preamble_never_grows_the_read_buffer(garbage: bytes) -> None:
+    d = FrameDecoder()
+    d.feed(garbage)
+    with pytest.raises(RemoteProtocolError):
+        d.next_handshake()
+    assert d.get_buffer().nbytes == PREAMBLE_BUFFER_SIZE
+
+
+@pytest.mark.parametrize("early", [False, True], ids=["next_handshake", "on_handshake"])
+@pytest.mark.parametrize("read_buffer_size", [4096, 65536])
+def test_the_read_buffer_grows_once_the_preamble_is_parsed(
+    early: bool, read_buffer_size: int
+) -> None:
+    """A reader that fills whatever get_buffer hands out: the first read takes the
+    small buffer whole (the preamble and early data after it), and the messages
+    that began there are completed out of the full-size buffer. The view of the
+    small buffer that the reader still holds stays valid (it is replaced, not
+    resized)."""
+    messages = [[b"m%d" % i * 40] for i in range(200)] + [[bytes(range(256)) * 9, b"end"]]
+    body = encode(*messages)
+    stream = memoryview(PREAMBLE + body)
+    d = FrameDecoder(read_buffer_size=read_buffer_size)
+    handshakes: list[Handshake] = []
+    if early:
+        d.on_handshake = handshakes.append
+    received: list[list[bytes]] = []
+    first = d.get_buffer()
+    assert first.nbytes == PREAMBLE_BUFFER_SIZE
+    sizes = []
+    while stream:
+        buf = d.get_buffer()
+        sizes.append(buf.nbytes)
+        n = min(buf.nbytes, stream.nbytes)
+        buf[:n] = stream[:n]
+        d.buffer_updated(n)
+        stream = stream[n:]
+        if not early and not handshakes:
+            handshake = d.next_handshake()
+            assert handshake is not None  # the small buffer holds it whole
+            handshakes.append(handshake)
+        while (frames := d.next_message()) is not None:
+            received.append([bytes(f) for f in frames])
+    assert received == messages
+    assert handshakes == [Handshake(2, Limits())]
+    assert sizes[0] == PREAMBLE_BUFFER_SIZE
+    assert sizes[1] > PREAMBLE_BUFFER_SIZE  # (less what the small buffer left over)
+    assert max(sizes) == read_buffer_size
+    # the reader's view of the small buffer: still the bytes it wrote there
+    assert bytes(first[: len(PREAMBLE)]) == PREAMBLE
+    first[:1] = b"!"  # writable, and no longer the decoder's
+    assert d.get_buffer().nbytes == read_buffer_size
+
+
+def test_feeding_a_preamble_and_more_than_the_small_buffer_at_once() -> None:
+    """feed() (Connection.receive_data) takes a preamble and any early data after
+    it in one call, as it did with a full-size buffer from the start."""
+    d = FrameDecoder(read_buffer_size=4096)
+    messages = [[b"x" * 500] for _ in range(6)]
+    d.feed(PREAMBLE + encode(*messages))
+    assert d.next_handshake() is not None
+    assert [[bytes(f) for f in d.next_message() or []] for _ in messages] == messages
+    assert d.next_message() is None
+    assert d.get_buffer().nbytes == 4096
