@@ -994,6 +994,9 @@ def current_buffer_pool() -> BufferPool:
 async def _exchange_preambles(
     transport: Transport, options: Options, account: BudgetAccount | None, *, early_data: bool
 ) -> Connection:
+    # (the TLS handshake first: a connection that does not complete it costs
+    # no read-ahead buffer)
+    await transport.handshake()
     capabilities = {Capability.CLOSE_REASONS}
     if options.allow_pickle:
         capabilities.add(Capability.PICKLE)
@@ -1005,7 +1008,6 @@ async def _exchange_preambles(
         capabilities=capabilities,
         compression=options.compression,
     )
-    await transport.handshake()
     await transport.send_all([conn.preamble()])
     if early_data:
         conn.send_early()

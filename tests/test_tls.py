@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import logging
 import ssl
+import tracemalloc
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +25,7 @@ from anyio.streams.tls import TLSAttribute, TLSStream
 
 import anyio_comm
 from anyio_comm import Comm, Limits, RemoteProtocolError
+from anyio_comm._sansio.decoder import DEFAULT_READ_BUFFER_SIZE
 from anyio_comm._sansio.wire import encode_header, encode_preamble
 from anyio_comm._transports.tls import CHUNK, FIRST_CIPHER_BUFFER
 
@@ -755,3 +758,53 @@ async def test_retry_does_not_retry_a_rejected_certificate(tls_version: ssl.TLSV
             else:
                 raise AssertionError("the connection did not fail")
         assert "UNKNOWN_CA" in tls_failure_reason(error)
+
+
+# --- clients that stall in the handshake ---------------------------------------------------
+
+
+def client_hello(tls_version: ssl.TLSVersion) -> bytes:
+    """A ClientHello as anyio-comm's own client sends it."""
+    outgoing = ssl.MemoryBIO()
+    sslobj = client_context(tls_version).wrap_bio(
+        ssl.MemoryBIO(), outgoing, server_hostname="localhost"
+    )
+    with contextlib.suppress(ssl.SSLWantReadError):
+        sslobj.do_handshake()
+    return outgoing.read()
+
+
+async def test_a_stalled_handshake_holds_no_read_ahead_buffer(
+    tls_version: ssl.TLSVersion,
+) -> None:
+    """A client that stalls in its TLS handshake costs the server its TLS state only: the
+    comm's read-ahead buffer (64 KiB) is allocated once the handshake is complete."""
+    hello = client_hello(tls_version)
+    count = 20
+    async with (
+        anyio_comm.listen(
+            "tls://127.0.0.1:0", echo, ssl_context=server_context(tls_version)
+        ) as listener,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        port = port_of(listener.address)
+
+        async def stall() -> None:
+            stream = await stack.enter_async_context(await anyio.connect_tcp("127.0.0.1", port))
+            await stream.send(hello)
+            with anyio.fail_after(10):
+                assert await stream.receive()  # the server waits for our Finished now
+
+        await stall()  # (whatever a first connection allocates once)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            for _ in range(count):
+                await stall()
+            gc.collect()
+            snapshot = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
+    # (the largest block a stalled handshake holds is its 33 KiB buffer for TLS records)
+    large = [trace for trace in snapshot.traces if trace.size >= DEFAULT_READ_BUFFER_SIZE]
+    assert len(large) < count // 4, [trace.traceback.format()[-1] for trace in large[:3]]
