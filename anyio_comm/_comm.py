@@ -1063,6 +1063,9 @@ def current_buffer_pool() -> BufferPool:
 async def _exchange_preambles(
     transport: Transport, options: Options, account: BudgetAccount | None, *, early_data: bool
 ) -> Connection:
+    # (the TLS handshake first: a connection that does not complete it costs
+    # no read-ahead buffer)
+    await transport.handshake()
     capabilities = {Capability.CLOSE_REASONS}
     if options.allow_pickle:
         capabilities.add(Capability.PICKLE)

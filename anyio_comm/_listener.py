@@ -25,7 +25,12 @@ stream.
 Limits and shutdown: with ``max_connections``, the accept loops stop
 accepting while that many connections (handshaking or in a handler) are open;
 new connections wait in the kernel's backlog (or, for ``inproc://``, before
-their handshake). :meth:`Listener.shutdown` stops accepting, cancels the
+their handshake). A ``tls://`` listener shares ``handshake_threads`` turns
+(a capacity limiter) between the CPU-heavy steps of its TLS handshakes, each
+run in a worker thread, and its accepts: under a handshake storm, handshakes
+wait their turn and new connections wait in the backlog, while the event loop
+keeps serving established connections; a handshake that waits for its client
+holds no turn. :meth:`Listener.shutdown` stops accepting, cancels the
 handlers that wait in ``receive()`` at a message boundary (they are between
 messages, so nothing is lost), gives the others a grace period to finish,
 then cancels them.
@@ -33,6 +38,7 @@ then cancels them.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -116,6 +122,10 @@ _INTERRUPTED: Final = CloseReason(
     CloseCode.INTERRUPTED, "", "the listener stopped while handling a message"
 )
 _ACCEPT_BATCH: Final = 64
+#: the most TLS handshake steps a listener computes at once, by default
+DEFAULT_HANDSHAKE_THREADS: Final = 1
+#: an accept that takes no turn (tcp:// and unix:// listeners)
+_NO_TURNS: Final = contextlib.nullcontext()
 
 
 @final
@@ -149,6 +159,13 @@ class Listener:
     def max_connections(self) -> int | None:
         """The most connections open at once (handshaking ones included), or ``None``."""
         return self._server.max_connections
+
+    @property
+    def handshake_threads(self) -> int | None:
+        """The most TLS handshake steps computed at once (see :func:`listen`);
+        ``None`` for a listener that is not ``tls://``."""
+        limiter = self._server.handshake_limiter
+        return None if limiter is None else int(limiter.total_tokens)
 
     @property
     def receive_budget(self) -> ReceiveBudget | None:
@@ -288,6 +305,7 @@ class _Server:
         ssl_context: ssl.SSLContext | None = None,
         max_connections: int | None = None,
         budget: ReceiveBudget | None = None,
+        handshake_threads: int = DEFAULT_HANDSHAKE_THREADS,
     ) -> None:
         self.handler = handler
         self.budget = budget
@@ -299,6 +317,10 @@ class _Server:
         self.addresses: tuple[str, ...] = ()
         self.max_connections = max_connections
         self.limiter = CapacityLimiter(max_connections) if max_connections else None
+        # tls:// only: the turns of the CPU-heavy work of TLS handshakes (see listen())
+        self.handshake_limiter = (
+            CapacityLimiter(handshake_threads) if ssl_context is not None else None
+        )
         self.connections: set[_Connection] = set()
         self.active = 0  # connections whose handler runs
         self.accept_scope = CancelScope()
@@ -322,6 +344,9 @@ class _Server:
 
     async def accept_loop(self, sock: socket.socket) -> None:
         limiter = self.limiter
+        # On a tls:// listener, each accept takes a turn of the handshakes' work
+        # (and yields): a storm of connections waits in the backlog, not in memory.
+        turns = self.handshake_limiter
         slot: object | None = None
         try:
             while True:
@@ -334,7 +359,9 @@ class _Server:
                             # at max_connections: leave newcomers in the backlog
                             await limiter.acquire_on_behalf_of(slot)
                     try:
-                        conn, _ = sock.accept()
+                        async with turns if turns is not None else _NO_TURNS:
+                            conn, _ = sock.accept()
+                            self.start_socket_connection(conn, slot)
                     except BlockingIOError:
                         break
                     except OSError as exc:
@@ -345,7 +372,6 @@ class _Server:
                         if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
                             continue
                         raise
-                    self.start_socket_connection(conn, slot)
                     slot = None  # the connection releases it
                 else:
                     # a flood of connections: let the handlers run too
@@ -376,7 +402,12 @@ class _Server:
             return
         transport: Transport = SocketTransport(conn)
         if self.ssl_context is not None:
-            transport = TLSTransport(transport, self.ssl_context, server_side=True)
+            transport = TLSTransport(
+                transport,
+                self.ssl_context,
+                server_side=True,
+                handshake_limiter=self.handshake_limiter,
+            )
         self._spawn(transport, local, peer, slot)
 
     def start_inproc_connection(self, stream: MemoryByteStream, peer: str) -> None:
@@ -516,6 +547,7 @@ async def listen(
     receive_budget: ReceiveBudget | int | None = DEFAULT_RECEIVE_BUDGET,
     backlog: int = 1024,
     ssl_context: ssl.SSLContext | None = None,
+    handshake_threads: int = DEFAULT_HANDSHAKE_THREADS,
     **keywords: Unpack[OptionsKeywords],
 ) -> AsyncIterator[Listener]:
     """Listen on ``address``; run ``await handler(comm)`` for each connection.
@@ -555,16 +587,29 @@ async def listen(
             server context, e.g. ``ssl.create_default_context(
             ssl.Purpose.CLIENT_AUTH)`` with ``load_cert_chain(...)``; set its
             ``verify_mode = ssl.CERT_REQUIRED`` for mutual TLS.
+        handshake_threads: for ``tls://``, the most TLS handshake steps the
+            listener computes at once (default 1; other schemes ignore it). The
+            steps that process what a client sent (the key exchange and
+            signature for its ClientHello, the check of its Finished) run in
+            worker threads, so the event loop keeps serving established
+            connections meanwhile; each takes one of these turns, and so does
+            each accept of a new connection. Beyond them, handshakes wait their
+            turn, in order, and new connections wait in the ``backlog``: a storm
+            of handshakes takes at most this many threads' worth of CPU and
+            cannot crowd the event loop. A handshake waiting for its client
+            holds no turn, so clients that stall in their handshake cannot lock
+            others out (``handshake_timeout`` drops them).
 
     Yields:
         The :class:`Listener`; ``listener.address`` is the contact address.
 
     Raises:
         ValueError: malformed address, unknown scheme, invalid option, a
-            negative ``receive_budget``, or ``ssl_context`` missing for
-            ``tls://`` (or given for another scheme).
+            negative ``receive_budget``, a ``handshake_threads`` below 1, or
+            ``ssl_context`` missing for ``tls://`` (or given for another scheme).
         TypeError: ``handler`` is not callable, an unknown keyword, or an
-            option (or ``receive_budget``) of the wrong type.
+            option (or ``receive_budget`` or ``handshake_threads``) of the wrong
+            type.
         OSError: the address could not be bound (in use, permission, ...);
             for a ``unix://`` address the message names it.
     """
@@ -581,6 +626,10 @@ async def listen(
         raise ValueError(
             f"max_connections must be a positive int or None, not {max_connections!r}"
         )
+    if isinstance(handshake_threads, bool) or not isinstance(handshake_threads, int):
+        raise TypeError(f"handshake_threads must be an int, not {handshake_threads!r}")
+    if handshake_threads < 1:
+        raise ValueError(f"handshake_threads must be at least 1, not {handshake_threads!r}")
     budget = (
         receive_budget
         if receive_budget is None or isinstance(receive_budget, ReceiveBudget)
@@ -618,7 +667,9 @@ async def listen(
             unix_path = parsed.path
             inode = os.stat(unix_path).st_ino
             addresses = [f"unix://{parsed.path}"]
-        server = _Server(handler, resolved, ssl_context, max_connections, budget)
+        server = _Server(
+            handler, resolved, ssl_context, max_connections, budget, handshake_threads
+        )
         if parsed.scheme == "inproc":
             inproc_name = register(parsed.path, server.start_inproc_connection)
             addresses = [f"inproc://{inproc_name}"]
@@ -650,6 +701,7 @@ async def serve(
     receive_budget: ReceiveBudget | int | None = DEFAULT_RECEIVE_BUDGET,
     backlog: int = 1024,
     ssl_context: ssl.SSLContext | None = None,
+    handshake_threads: int = DEFAULT_HANDSHAKE_THREADS,
     **keywords: Unpack[OptionsKeywords],
 ) -> None:
     """Run a listener; made for :meth:`anyio.abc.TaskGroup.start`.
@@ -668,6 +720,7 @@ async def serve(
         receive_budget=receive_budget,
         backlog=backlog,
         ssl_context=ssl_context,
+        handshake_threads=handshake_threads,
     ) as listener:
         task_status.started(listener)
         await listener._server.stopped.wait()

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import gc
 import logging
 import ssl
+import threading
+import time
+import tracemalloc
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -23,6 +27,7 @@ from anyio.streams.tls import TLSAttribute, TLSStream
 
 import anyio_comm
 from anyio_comm import Comm, Limits, RemoteProtocolError
+from anyio_comm._sansio.decoder import DEFAULT_READ_BUFFER_SIZE
 from anyio_comm._sansio.wire import encode_header, encode_preamble
 from anyio_comm._transports.tls import CHUNK, FIRST_CIPHER_BUFFER
 
@@ -755,3 +760,359 @@ async def test_retry_does_not_retry_a_rejected_certificate(tls_version: ssl.TLSV
             else:
                 raise AssertionError("the connection did not fail")
         assert "UNKNOWN_CA" in tls_failure_reason(error)
+
+
+# --- clients that stall in the handshake ---------------------------------------------------
+
+
+def client_hello(tls_version: ssl.TLSVersion) -> bytes:
+    """A ClientHello as anyio-comm's own client sends it."""
+    outgoing = ssl.MemoryBIO()
+    sslobj = client_context(tls_version).wrap_bio(
+        ssl.MemoryBIO(), outgoing, server_hostname="localhost"
+    )
+    with contextlib.suppress(ssl.SSLWantReadError):
+        sslobj.do_handshake()
+    return outgoing.read()
+
+
+async def test_a_stalled_handshake_holds_no_read_ahead_buffer(
+    tls_version: ssl.TLSVersion,
+) -> None:
+    """A client that stalls in its TLS handshake costs the server its TLS state only: the
+    comm's read-ahead buffer (64 KiB) is allocated once the handshake is complete."""
+    hello = client_hello(tls_version)
+    count = 20
+    async with (
+        anyio_comm.listen(
+            "tls://127.0.0.1:0", echo, ssl_context=server_context(tls_version)
+        ) as listener,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        port = port_of(listener.address)
+
+        async def stall() -> None:
+            stream = await stack.enter_async_context(await anyio.connect_tcp("127.0.0.1", port))
+            await stream.send(hello)
+            with anyio.fail_after(10):
+                assert await stream.receive()  # the server waits for our Finished now
+
+        await stall()  # (whatever a first connection allocates once)
+        gc.collect()
+        tracemalloc.start()
+        try:
+            for _ in range(count):
+                await stall()
+            gc.collect()
+            snapshot = tracemalloc.take_snapshot()
+        finally:
+            tracemalloc.stop()
+    # (the largest block a stalled handshake holds is its 33 KiB buffer for TLS records)
+    large = [trace for trace in snapshot.traces if trace.size >= DEFAULT_READ_BUFFER_SIZE]
+    assert len(large) < count // 4, [trace.traceback.format()[-1] for trace in large[:3]]
+
+
+# --- handshake storms: handshake_threads ---------------------------------------------------
+#
+# The server's handshake steps are made slow (or held) by a probe: an SSLObject class whose
+# do_handshake() sleeps (or waits for an event) in every call after the first one, i.e. in
+# every call that has what the client sent to process, wherever it runs (the event loop's
+# thread or a worker's), and counts how many such calls run at once.
+
+
+class HandshakeProbe:
+    """Slows down (``delay`` seconds) or holds (until :meth:`release`) the server's
+    handshake steps that process client data; counts them."""
+
+    def __init__(self, delay: float = 0.0, *, hold: bool = False) -> None:
+        self.delay = delay
+        self.hold = hold
+        self._released = threading.Event()
+        self._lock = threading.Lock()
+        self.running = 0  # steps in do_handshake() now
+        self.most = 0  # the most at once
+        self.steps = 0  # steps begun
+
+    def release(self) -> None:
+        """Let held steps (and every later one) go on."""
+        self._released.set()
+
+    def context(self, tls_version: ssl.TLSVersion) -> ssl.SSLContext:
+        """A server context whose handshakes this probe slows down."""
+        probe = self
+
+        class ProbedSSLObject(ssl.SSLObject):
+            calls = 0
+
+            def do_handshake(self) -> None:
+                self.calls += 1
+                if self.calls == 1:  # nothing received yet: OpenSSL asks for the ClientHello
+                    super().do_handshake()
+                    return
+                with probe._lock:
+                    probe.running += 1
+                    probe.steps += 1
+                    probe.most = max(probe.most, probe.running)
+                try:
+                    if probe.hold:
+                        probe._released.wait(10)
+                    time.sleep(probe.delay)  # the CPU an expensive step would take
+                    super().do_handshake()
+                finally:
+                    with probe._lock:
+                        probe.running -= 1
+
+        context = server_context(tls_version)
+        context.sslobject_class = ProbedSSLObject
+        return context
+
+
+def handshake_turns(listener: anyio_comm.Listener) -> anyio.CapacityLimiterStatistics:
+    limiter = listener._server.handshake_limiter
+    assert limiter is not None
+    return limiter.statistics()
+
+
+async def test_handshake_threads_is_checked() -> None:
+    """handshake_threads is a positive int (for listen and serve alike); tls:// listeners
+    report it, others have none."""
+    ctx = server_context()
+    for bad, error in [(0, ValueError), (-1, ValueError), (1.5, TypeError), (True, TypeError)]:
+        with pytest.raises(error, match="handshake_threads must be"):
+            async with anyio_comm.listen(
+                "tls://127.0.0.1:0",
+                echo,
+                ssl_context=ctx,
+                handshake_threads=bad,  # type: ignore[arg-type]
+            ):
+                pass
+    with pytest.raises(ValueError, match="handshake_threads must be"):
+        await anyio_comm.serve("tls://127.0.0.1:0", echo, ssl_context=ctx, handshake_threads=0)
+    async with anyio_comm.listen("tls://127.0.0.1:0", echo, ssl_context=ctx) as listener:
+        assert listener.handshake_threads == 1
+    async with anyio_comm.listen(
+        "tls://127.0.0.1:0", echo, ssl_context=ctx, handshake_threads=5
+    ) as listener:
+        assert listener.handshake_threads == 5
+    async with anyio_comm.listen("tcp://127.0.0.1:0", echo, handshake_threads=5) as listener:
+        assert listener.handshake_threads is None
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+async def test_handshakes_beyond_handshake_threads_wait_then_complete(
+    tls_version: ssl.TLSVersion, threads: int
+) -> None:
+    """Five clients at once: no more than ``threads`` handshake steps run at a time (and
+    that many do), and every client gets its connection."""
+    probe = HandshakeProbe(0.1)
+    async with anyio_comm.listen(
+        "tls://127.0.0.1:0",
+        echo,
+        ssl_context=probe.context(tls_version),
+        handshake_threads=threads,
+    ) as listener:
+        with anyio.fail_after(20):
+            async with anyio.create_task_group() as tg:
+                for _ in range(5):
+                    tg.start_soon(assert_round_trip, listener.address, client_context(tls_version))
+        assert probe.steps >= 10  # the ClientHello and Finished of each client
+        assert probe.most == threads
+        assert handshake_turns(listener).borrowed_tokens == 0
+
+
+async def test_established_connections_keep_their_latency_during_slow_handshakes(
+    tls_version: ssl.TLSVersion,
+) -> None:
+    """While clients' handshakes take 0.2 s per step, a client on an established connection
+    gets every reply well within one such step: the steps do not stop the event loop."""
+    probe = HandshakeProbe()
+    client_ctx = client_context(tls_version)
+    async with anyio_comm.listen(
+        "tls://127.0.0.1:0", echo, ssl_context=probe.context(tls_version)
+    ) as listener:
+        async with await anyio_comm.connect(
+            listener.address, ssl_context=client_ctx, timeout=10
+        ) as comm:
+            probe.delay = 0.2
+            slowest = 0.0
+            with anyio.fail_after(20):
+                async with anyio.create_task_group() as tg:
+                    for _ in range(3):
+                        tg.start_soon(assert_round_trip, listener.address, client_ctx)
+                    while probe.steps < 6 or probe.running:  # (6: each client's two steps)
+                        start = anyio.current_time()
+                        await comm.send(b"ping")
+                        assert await comm.receive() == b"ping"
+                        slowest = max(slowest, anyio.current_time() - start)
+                        await anyio.sleep(0.01)
+    assert slowest < 0.15
+
+
+async def test_stalled_handshakes_do_not_lock_out_new_ones(tls_version: ssl.TLSVersion) -> None:
+    """Clients that stall after their ClientHello (or say nothing) hold no turn: with one
+    handshake thread and eight such clients, a new client connects at once."""
+    hello = client_hello(tls_version)
+    async with (
+        anyio_comm.listen(
+            "tls://127.0.0.1:0",
+            echo,
+            ssl_context=server_context(tls_version),
+            handshake_threads=1,
+            handshake_timeout=60,
+        ) as listener,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        port = port_of(listener.address)
+        for _ in range(4):  # silent
+            await stack.enter_async_context(await anyio.connect_tcp("127.0.0.1", port))
+        for _ in range(8):  # stalled in the handshake, after the server's answer
+            stalled = await stack.enter_async_context(await anyio.connect_tcp("127.0.0.1", port))
+            await stalled.send(hello)
+            with anyio.fail_after(10):
+                assert await stalled.receive()  # the server's flight: it waits for us now
+        with anyio.fail_after(5):  # far within handshake_timeout
+            await assert_round_trip(listener.address, client_context(tls_version))
+
+
+async def wait_until(condition: Callable[[], bool]) -> None:
+    with anyio.fail_after(10):
+        while not condition():
+            await anyio.sleep(0.01)
+
+
+async def assert_dropped(stream: anyio.abc.ByteStream) -> None:
+    """The server closes ``stream`` without a byte."""
+    with anyio.fail_after(10), pytest.raises((EndOfStream, BrokenResourceError)):
+        await stream.receive()
+
+
+async def test_new_connections_and_handshakes_wait_for_a_turn(
+    tls_version: ssl.TLSVersion,
+) -> None:
+    """With the only turn held by a step that does not finish, a connected client's
+    handshake step waits for it, and a new connection is not even accepted (it waits in
+    the backlog); once the step finishes, both are served in turn."""
+    probe = HandshakeProbe(hold=True)
+    client_ctx = client_context(tls_version)
+    hello = client_hello(tls_version)
+    async with anyio_comm.listen(
+        "tls://127.0.0.1:0",
+        echo,
+        ssl_context=probe.context(tls_version),
+        handshake_threads=1,
+    ) as listener:
+        port = port_of(listener.address)
+        connections = listener._server.connections
+        async with await anyio.connect_tcp("127.0.0.1", port) as accepted:
+            await wait_until(lambda: len(connections) == 1)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(assert_round_trip, listener.address, client_ctx)
+                await wait_until(lambda: probe.running == 1)
+                await accepted.send(hello)
+                await wait_until(lambda: handshake_turns(listener).tasks_waiting == 1)
+                async with await anyio.connect_tcp("127.0.0.1", port) as backlogged:
+                    await backlogged.send(hello)
+                    await wait_until(lambda: handshake_turns(listener).tasks_waiting == 2)
+                    await anyio.sleep(0.2)
+                    assert len(connections) == 2  # the one in the backlog is not accepted
+                    assert probe.steps == 1
+                    probe.release()
+                    with anyio.fail_after(10):  # both get the server's flight
+                        assert await accepted.receive()
+                        assert await backlogged.receive()
+        await wait_until(lambda: handshake_turns(listener).borrowed_tokens == 0)
+        assert probe.steps >= 4  # the first client's two steps, one for each other (and EOFs)
+
+
+async def test_handshake_timeout_cancels_a_handshake_waiting_for_its_turn(
+    tls_version: ssl.TLSVersion,
+) -> None:
+    """A handshake step waiting for the turn a held step has is dropped at
+    handshake_timeout, leaving no turn taken or awaited; the held step then completes
+    and its client (connected half a second later, so within its own handshake_timeout
+    still) is served."""
+    probe = HandshakeProbe(hold=True)
+    client_ctx = client_context(tls_version)
+    async with anyio_comm.listen(
+        "tls://127.0.0.1:0",
+        echo,
+        ssl_context=probe.context(tls_version),
+        handshake_threads=1,
+        handshake_timeout=1,
+    ) as listener:
+        connections = listener._server.connections
+        async with await anyio.connect_tcp("127.0.0.1", port_of(listener.address)) as late:
+            await wait_until(lambda: len(connections) == 1)
+            await anyio.sleep(0.5)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(assert_round_trip, listener.address, client_ctx)
+                await wait_until(lambda: probe.running == 1)
+                await late.send(client_hello(tls_version))
+                await wait_until(lambda: handshake_turns(listener).tasks_waiting == 1)
+                await assert_dropped(late)
+                stats = handshake_turns(listener)
+                assert (stats.borrowed_tokens, stats.tasks_waiting) == (1, 0)
+                assert probe.steps == 1  # the late client's step never ran
+                probe.release()
+        stats = handshake_turns(listener)
+        assert (stats.borrowed_tokens, stats.tasks_waiting) == (0, 0)
+        assert probe.steps == 2
+
+
+async def test_leaving_listen_during_waiting_handshakes_leaves_nothing_behind(
+    tls_version: ssl.TLSVersion,
+) -> None:
+    """Leaving ``listen`` while a handshake step runs (held), another client's waits for
+    its turn and a third client waits in the backlog: the waiting step is cancelled at
+    once, the running one completes first, and then every connection is closed, no turn
+    is taken or awaited."""
+    probe = HandshakeProbe(hold=True)
+    client_ctx = client_context(tls_version)
+    hello = client_hello(tls_version)
+    failed: list[BaseException] = []
+
+    async def held_client(address: str) -> None:
+        try:
+            await assert_round_trip(address, client_ctx)
+        except (OSError, BrokenResourceError, EndOfStream) as exc:
+            failed.append(exc)
+
+    with anyio.fail_after(20):
+        async with (
+            anyio.create_task_group() as tg,
+            contextlib.AsyncExitStack() as stack,
+        ):
+            async with anyio_comm.listen(
+                "tls://127.0.0.1:0",
+                echo,
+                ssl_context=probe.context(tls_version),
+                handshake_threads=1,
+            ) as listener:
+                port = port_of(listener.address)
+                connections = listener._server.connections
+                waiting = await stack.enter_async_context(
+                    await anyio.connect_tcp("127.0.0.1", port)
+                )
+                await wait_until(lambda: len(connections) == 1)
+                tg.start_soon(held_client, listener.address)
+                await wait_until(lambda: probe.running == 1)
+                await waiting.send(hello)
+                backlogged = await stack.enter_async_context(
+                    await anyio.connect_tcp("127.0.0.1", port)
+                )
+                await backlogged.send(hello)
+                await wait_until(lambda: handshake_turns(listener).tasks_waiting == 2)
+                tg.start_soon(_release_later, probe, 0.2)  # the held step, once we leave
+            stats = handshake_turns(listener)
+            assert (stats.borrowed_tokens, stats.tasks_waiting) == (0, 0)
+            assert probe.running == 0
+            assert probe.steps == 1  # the waiting client's step never ran
+            assert connections == set()
+            await assert_dropped(waiting)
+            await assert_dropped(backlogged)
+    assert len(failed) == 1  # the held client's connection failed too
+
+
+async def _release_later(probe: HandshakeProbe, delay: float) -> None:
+    await anyio.sleep(delay)
+    probe.release()

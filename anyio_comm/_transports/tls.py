@@ -41,6 +41,19 @@ client's first bytes can be read: until then a client that connected and sent
 nothing costs the server neither (``wrap_bio`` takes about 10 KiB of OpenSSL's
 memory, and its first ``do_handshake`` sets up buffers of about 33 KiB more).
 
+Handshake: ``do_handshake()`` runs until OpenSSL asks for ciphertext, which we
+then receive (waiting if need be). With a ``handshake_limiter`` (a listener's),
+every call that has received ciphertext to work on (the ClientHello's key
+exchange and signature, the check of the client's Finished: the steps that cost
+CPU) runs in a worker thread holding one of the limiter's tokens, so that a storm
+of handshakes neither stops the event loop nor takes more than that many
+threads' worth of CPU; waiting for the peer holds no token, so a peer that stalls
+in its handshake blocks no one. The thread returns OpenSSL's errors rather than
+raising them, and without their traceback: an exception that passed through the
+worker's future, or a traceback through the worker's frames, would keep the
+transport in a reference cycle (freed only by the garbage collector, which a
+storm of handshakes then keeps busy).
+
 Reading and sending may run in two tasks at once (the comm guards each
 direction): each touches only its own BIO, and ``SSLObject`` calls never
 await. Records OpenSSL produces while reading (a TLS 1.3 KeyUpdate reply) wait
@@ -66,7 +79,8 @@ import ssl
 from typing import TYPE_CHECKING, Any, Final
 
 import anyio
-from anyio import BrokenResourceError, CancelScope, ClosedResourceError
+import anyio.to_thread
+from anyio import BrokenResourceError, CancelScope, CapacityLimiter, ClosedResourceError
 from anyio.streams.tls import TLSAttribute
 
 from .base import Transport
@@ -123,13 +137,18 @@ def _unexpected_eof() -> ssl.SSLEOFError:
 
 
 class TLSTransport(Transport):
-    """A TLS connection over ``inner``, which this transport owns."""
+    """A TLS connection over ``inner``, which this transport owns.
+
+    ``handshake_limiter``: run the handshake's steps that work on received ciphertext
+    in worker threads, each holding one of its tokens (see the module docstring).
+    """
 
     __slots__ = (
         "_cipher",
         "_closed",
         "_context",
         "_eof",
+        "_handshake_limiter",
         "_incoming",
         "_inner",
         "_outgoing",
@@ -147,8 +166,10 @@ class TLSTransport(Transport):
         *,
         server_side: bool,
         server_hostname: str | None = None,
+        handshake_limiter: CapacityLimiter | None = None,
     ) -> None:
         self._inner = inner
+        self._handshake_limiter = handshake_limiter
         self._incoming = ssl.MemoryBIO()
         self._outgoing = ssl.MemoryBIO()
         self._context = context
@@ -257,9 +278,13 @@ class TLSTransport(Transport):
             # making the session (see the module).
             await self._inner.wait_readable()
             sslobj = self._start_session()
+        limiter = self._handshake_limiter
         while True:
             try:
-                sslobj.do_handshake()
+                if limiter is not None and self._incoming.pending:
+                    await self._handshake_step(limiter)
+                else:
+                    sslobj.do_handshake()
             except ssl.SSLWantReadError:
                 await self._flush()
                 await self._fill()
@@ -288,6 +313,33 @@ class TLSTransport(Transport):
             else:
                 break
         await self._flush()
+
+    async def _handshake_step(self, limiter: CapacityLimiter) -> None:
+        """``do_handshake()`` on the ciphertext received, in a worker thread that
+        holds one of ``limiter``'s tokens (the event loop runs on meanwhile).
+
+        Cancellation is immediate while waiting for a token; a step that runs
+        completes first (OpenSSL's part cannot be interrupted, and the SSLObject
+        must not be used by two threads).
+        """
+        outcome = await anyio.to_thread.run_sync(self._try_handshake, limiter=limiter)
+        if outcome is not None:
+            try:
+                raise outcome
+            finally:
+                outcome = None  # (no cycle through this frame)
+
+    def _try_handshake(self) -> ssl.SSLError | None:
+        """``do_handshake()``, its error returned rather than raised, without its
+        traceback (in a worker thread)."""
+        sslobj = self._ssl
+        assert sslobj is not None  # (made before the handshake's first step)
+        try:
+            sslobj.do_handshake()
+        except ssl.SSLError as exc:
+            # (a traceback would hold the worker's frames, which hold the error)
+            return exc.with_traceback(None)
+        return None
 
     def receive_into_nowait(self, buffer: memoryview) -> int | None:
         sslobj = self._ssl
