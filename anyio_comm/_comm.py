@@ -1063,15 +1063,12 @@ def current_buffer_pool() -> BufferPool:
 async def _exchange_preambles(
     transport: Transport, options: Options, account: BudgetAccount | None, *, early_data: bool
 ) -> Connection:
-    # (the TLS handshake first: a connection that does not complete it costs
-    # no read-ahead buffer)
+    # (the protocol state, and its read-ahead buffer, only once the transport's
+    # handshake is done: a TLS peer that never completes it costs neither)
     await transport.handshake()
     capabilities = {Capability.CLOSE_REASONS}
     if options.allow_pickle:
         capabilities.add(Capability.PICKLE)
-    # (the protocol state only once the transport's handshake is done: a TLS
-    # peer that never completes it costs none)
-    await transport.handshake()
     conn = Connection(
         options.limits,
         read_buffer_size=options.read_buffer_size,
