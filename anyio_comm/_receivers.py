@@ -780,7 +780,10 @@ class PushReceiver(Receiver):
             return None
         if isinstance(end, (EndOfData, RemoteProtocolError)):
             self._conn.next_message()  # the decoder raises it again, as a new exception
-        raise end
+        try:
+            raise end
+        finally:
+            del end  # (this frame is in its traceback: no cycle)
 
     def wait(self) -> Awaitable[None]:
         if self._closed:
@@ -815,6 +818,9 @@ class PushReceiver(Receiver):
             return
         self._closed = True
         self._paused = True
+        # The end, raised by receive_nowait(), holds the frames it passed
+        # through, which hold this receiver: drop it (no cycle outlives a comm).
+        self._end = None
         self._stop_reading()
         if self._account is not None:
             self._account.close()

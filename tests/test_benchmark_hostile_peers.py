@@ -1,6 +1,6 @@
-"""``python -m benchmarks.hostile_peers --scenario bomb``: what its peers send is
-what the module says, and a short run reports every figure (never how fast or
-how large anything is)."""
+"""``python -m benchmarks.hostile_peers --scenario bomb`` and ``tls-storm``: what
+the bomb peers send is what the module says, and a short run of each reports every
+figure (never how fast or how large anything is)."""
 
 from __future__ import annotations
 
@@ -53,3 +53,30 @@ def test_a_short_bomb_run_reports_every_figure(tmp_path: Path) -> None:
         assert step["attack"]["max_ms"] >= step["attack"]["p50_ms"] > 0
     assert result["target_met"] is None  # (the target is for 64 peers of 1 GiB)
     assert "attack p50/p99/max ms" in done.stdout
+
+
+def test_a_short_tls_storm_run_reports_every_figure(tmp_path: Path) -> None:
+    pytest.importorskip("trustme")
+    out = tmp_path / "storm.json"
+    command = [sys.executable, "-m", "benchmarks.hostile_peers", "--scenario", "tls-storm"]
+    command += ["--stalled", "3", "--looping", "3", "--rounds", "2", "--seconds", "0.5"]
+    command += ["--backend", "asyncio", "--no-pin", "--json", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+    # (exit status 1 is a missed target, which a run this short may give)
+    assert done.returncode in (0, 1), done.stdout + done.stderr
+    (result,) = json.loads(out.read_text())["results"]
+    phases = result["phases"]
+    assert [p["storm"] for p in phases] == [False, True, False, True]
+    for phase in phases:
+        assert phase["round_trips"] > 10 and phase["failed"] == 0
+        assert phase["p99_ms"] >= phase["p50_ms"] > 0
+        assert phase["gc_runs"] >= 0 and phase["gc_ms"] >= 0 and phase["gc_max_ms"] >= 0
+        assert phase["connects"]
+    assert all(p["handshakes_per_s"] > 0 for p in phases if p["storm"])
+    # the verdict pools the rounds: its p99s lie within the phases' own
+    storm_p99s = [p["p99_ms"] for p in phases if p["storm"]]
+    assert min(storm_p99s) <= result["storm_p99_ms"] <= max(p["max_ms"] for p in phases)
+    assert result["p99_ratio"] == pytest.approx(result["storm_p99_ms"] / result["quiet_p99_ms"])
+    assert len(result["p99_ratios"]) == 2
+    assert result["target_met"] == (done.returncode == 0)
+    assert "rounds pooled" in done.stdout

@@ -262,6 +262,10 @@ class ReceiveBudget:
                 index += 1
 
 
+def _no_progress() -> None:
+    """The progress of an account whose connection set none (or closed)."""
+
+
 @final
 class BudgetAccount:
     """One connection's share of a :class:`ReceiveBudget`.
@@ -300,7 +304,7 @@ class BudgetAccount:
         self.wanted = 0
         self.released = 0
         self.on_grant: Callable[[], object] | None = None
-        self.progress: Callable[[], object] = lambda: None
+        self.progress: Callable[[], object] = _no_progress
         self._seen: object = None
         self._stalled_since: float | None = None
         self._starving = False
@@ -381,10 +385,14 @@ class BudgetAccount:
         self.close()
 
     def close(self) -> None:
-        """Release everything held and leave the line (the connection closed)."""
+        """Release everything held and leave the line (the connection closed).
+        Drops the callbacks, which refer to the connection (so that a closed
+        connection leaves no reference cycle through its account)."""
         if self._closed:
             return
         self._closed = True
+        self.on_grant = self.on_stall = None
+        self.progress = _no_progress
         budget = self._budget
         budget._accounts.discard(self)
         if self.wanted:

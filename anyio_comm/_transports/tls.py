@@ -286,8 +286,7 @@ class TLSTransport(Transport):
                 else:
                     sslobj.do_handshake()
             except ssl.SSLWantReadError:
-                await self._flush()
-                await self._fill()
+                pass  # (waited for below: not with the error and its frames alive)
             except ssl.SSLZeroReturnError as exc:
                 if not self._incoming.eof:
                     raise
@@ -312,6 +311,8 @@ class TLSTransport(Transport):
                 raise
             else:
                 break
+            await self._flush()
+            await self._fill()
         await self._flush()
 
     async def _handshake_step(self, limiter: CapacityLimiter) -> None:

@@ -351,3 +351,23 @@ def test_a_declared_1_gib_frame_commits_only_what_arrived() -> None:
     assert decoder.next_message() is None
     grown = _rss() - before
     assert grown < 64 * MiB, grown
+
+
+def test_a_closed_account_drops_its_callbacks() -> None:
+    # They refer to the connection, which refers to the account: kept, they
+    # would make a cycle that outlives the connection.
+    budget = ReceiveBudget(100)
+    decoder = FrameDecoder(account=budget.account())
+    account = decoder.account
+    assert account is not None
+    account.on_grant = lambda: None
+    account.on_stall = lambda reason: None
+    decoder.feed(encode_preamble(Limits()))
+    assert decoder.next_handshake() is not None
+    decoder.feed(encode_header([40]) + b"x" * 20)  # a message under way: progress counts it
+    first = account.progress()
+    decoder.feed(b"x" * 10)
+    assert account.progress() != first
+    account.close()
+    assert account.on_grant is None and account.on_stall is None
+    assert account.progress() is None
