@@ -30,10 +30,14 @@ their handshake). A ``tls://`` listener shares ``handshake_threads`` turns
 run in a worker thread, and its accepts: under a handshake storm, handshakes
 wait their turn and new connections wait in the backlog, while the event loop
 keeps serving established connections; a handshake that waits for its client
-holds no turn. :meth:`Listener.shutdown` stops accepting, cancels the
-handlers that wait in ``receive()`` at a message boundary (they are between
-messages, so nothing is lost), gives the others a grace period to finish,
-then cancels them.
+holds no turn. :meth:`Listener.stop_accepting` stops accepting and nothing
+else: connections accepted before it, those in their handshake included, go
+on to their handlers (:meth:`Listener.wait_closed` waits until the last one
+is closed). :meth:`Listener.shutdown` stops accepting, drops connections
+still in their handshake, cancels the handlers that wait in ``receive()`` at
+a message boundary (they are between messages, so nothing is lost), gives the
+others a grace period to finish, then cancels them. Leaving the
+:func:`listen` block cancels whatever is left.
 """
 
 from __future__ import annotations
@@ -188,9 +192,11 @@ class Listener:
 
         The listening sockets close (``unix://`` socket files are removed,
         ``inproc://`` names freed), so new connections are refused. Connections
-        still in their handshake complete it, and every handler keeps running
-        until it returns; leaving the :func:`listen` block (or cancelling
-        :func:`serve`) still cancels them. Idempotent.
+        accepted before it go on: those still in their handshake (TLS, the
+        preamble exchange) complete it and reach the handler, and every handler
+        keeps running until it returns (:meth:`wait_closed` waits for them);
+        leaving the :func:`listen` block (or cancelling :func:`serve`) still
+        cancels them. Idempotent.
 
         Synchronous, and callable outside a task (from a callback of the event
         loop, in its thread): the listening sockets may then close only when
@@ -225,6 +231,21 @@ class Listener:
         if not grace_period >= 0:
             raise ValueError(f"grace_period must not be negative, not {grace_period!r}")
         await self._server.shutdown(grace_period)
+
+    async def wait_closed(self) -> None:
+        """Wait until the listener accepts no more and every connection it
+        accepted is closed: those still in their handshake then (which complete
+        it or fail) and those in a handler (which returned).
+
+        Stops nothing itself: it waits for :meth:`stop_accepting` (or
+        :meth:`shutdown`) and for the connections to end. Returns at once
+        after the :func:`listen` block was left (every connection is closed
+        then). A way to stop a listener without cutting any connection::
+
+            listener.stop_accepting()
+            await listener.wait_closed()
+        """
+        await self._server.all_closed.wait()
 
 
 async def _bind_tcp(host: str, port: int, backlog: int) -> list[socket.socket]:
@@ -430,8 +451,7 @@ class _Server:
             self.connections.discard(connection)
             if slot is not None and limiter is not None:
                 limiter.release_on_behalf_of(slot)
-            if self.shutdown_started and not self.connections:
-                self.all_closed.set()
+            self.check_closed()
 
     async def _run_connection(
         self, connection: _Connection, transport: Transport, local: str, peer: str
@@ -482,6 +502,12 @@ class _Server:
         self.accepting_stopped = True
         self.accept_scope.cancel()
         self.close_listening()
+        self.check_closed()
+
+    def check_closed(self) -> None:
+        """Set :attr:`all_closed` once nothing is accepted and no connection is left."""
+        if self.accepting_stopped and not self.connections:
+            self.all_closed.set()
 
     async def shutdown(self, grace_period: float) -> None:
         if not self.shutdown_started:
@@ -489,8 +515,6 @@ class _Server:
             self.stop_accepting()
             for connection in list(self.connections):
                 connection.cancel_if_idle()
-            if not self.connections:
-                self.all_closed.set()
             with anyio.move_on_after(grace_period):
                 await self.all_closed.wait()
             for connection in list(self.connections):
@@ -640,6 +664,7 @@ async def listen(
     inode = -1
     inproc_name: str | None = None
     body_error: Exception | None = None
+    wait_closed: Event | None = None  # the server's all_closed, once it exists
 
     freed = False
 
@@ -675,6 +700,7 @@ async def listen(
             addresses = [f"inproc://{inproc_name}"]
         server.addresses = tuple(addresses)
         server.close_listening = close_listening
+        wait_closed = server.all_closed
         async with anyio.create_task_group() as task_group:
             server.task_group = task_group
             task_group.start_soon(server.accept_loops, sockets, name=f"accept {addresses[0]}")
@@ -687,6 +713,8 @@ async def listen(
             task_group.cancel_scope.cancel()
     finally:
         close_listening()
+        if wait_closed is not None:  # every connection is closed now
+            wait_closed.set()
     if body_error is not None:
         raise body_error
 

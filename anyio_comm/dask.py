@@ -474,7 +474,12 @@ class AnyioTCPListener(BaseListener, RequireEncryptionMixin):
 
     :meth:`start` binds and runs an anyio-comm listener in a task of its own
     (dask's listeners outlive the call that starts them); :meth:`stop` stops
-    accepting at once, and that task ends when the last comm it accepted closes.
+    accepting at once and does nothing else, as ``tcp://``'s does: connections
+    accepted before it go on (through their TLS handshake and preamble, then
+    dask's handshake) to the handler, and that task ends when the last comm it
+    accepted closes. (dask's ``Server`` aborts the comms still in dask's
+    handshake itself, with ``abort_handshaking_comms()``, and aborts those that
+    reach its handler once it is stopped.)
     """
 
     prefix: ClassVar[str] = "anyio+tcp://"
@@ -502,8 +507,6 @@ class AnyioTCPListener(BaseListener, RequireEncryptionMixin):
         self._listener: anyio_comm.Listener | None = None
         self._task: asyncio.Task[None] | None = None
         self._stopped = False
-        self._comms = 0  # comms accepted and not closed yet
-        self._done: anyio.Event | None = None
         self.bound_address: tuple[str, int] | None = None
 
     async def start(self) -> None:
@@ -514,7 +517,6 @@ class AnyioTCPListener(BaseListener, RequireEncryptionMixin):
         """
         if self._task is not None:
             raise RuntimeError("the listener was started already")
-        self._done = anyio.Event()
         backlog = int(dask.config.get("distributed.comm.socket-backlog"))
         address = format_tcp(self.ip, self.port, "tls" if self.encrypted else "tcp")
         for attempt in range(5):
@@ -541,7 +543,6 @@ class AnyioTCPListener(BaseListener, RequireEncryptionMixin):
     async def _serve(
         self, address: str, backlog: int, started: asyncio.Future[anyio_comm.Listener]
     ) -> None:
-        assert self._done is not None
         try:
             async with anyio_comm.listen(
                 address,
@@ -552,7 +553,7 @@ class AnyioTCPListener(BaseListener, RequireEncryptionMixin):
                 ssl_context=self._ssl_context,
             ) as listener:
                 started.set_result(listener)
-                await self._done.wait()
+                await listener.wait_closed()  # stop() and every comm closed
         except Exception as exc:
             if started.done():
                 logger.exception("listener on %s failed", address)
@@ -560,12 +561,10 @@ class AnyioTCPListener(BaseListener, RequireEncryptionMixin):
                 started.set_exception(exc)
 
     async def _handle(self, comm: anyio_comm.Comm) -> None:
-        if self._stopped:
-            # Accepted before stop(), handshaken after: drop it (a client left
-            # waiting would hang in dask's handshake, which has no timeout).
-            comm.abort()
-            return
-        self._comms += 1
+        # (A comm accepted before stop() and handshaken after it goes on too:
+        # tcp:// closes one that its task had not reached, when a client would
+        # wait forever in dask's handshake, which has no timeout. This one is
+        # served: its client is answered, and a stopped Server aborts it.)
         dask_comm: AnyioTCP | None = None
         try:
             dask_comm = self.comm_class(
@@ -585,7 +584,9 @@ class AnyioTCPListener(BaseListener, RequireEncryptionMixin):
                 )
                 return
             logger.debug(
-                "Incoming connection from %r to %r", dask_comm.peer_address, self.contact_address
+                "Incoming connection from %r to %r",
+                dask_comm.peer_address,
+                dask_comm.local_address,
             )
             await self.comm_handler(dask_comm)
             # The comm is dask's now, until it closes it (or drops it: its
@@ -595,24 +596,15 @@ class AnyioTCPListener(BaseListener, RequireEncryptionMixin):
         finally:
             if dask_comm is not None:  # failed or cancelled before dask took it
                 dask_comm.abort()
-            self._comms -= 1
-            self._set_done_if_idle()
 
     def stop(self) -> None:
-        """Stop accepting (synchronous); established comms live on until closed,
-        connections still in their handshake are dropped."""
+        """Stop accepting (synchronous), and nothing else: the comms accepted
+        before it, those still in a handshake included, live on until closed."""
         if self._stopped:
             return
         self._stopped = True
         if self._listener is not None:
             self._listener.stop_accepting()
-        self.abort_handshaking_comms()
-        self._set_done_if_idle()
-
-    def _set_done_if_idle(self) -> None:
-        """Once stopped with no comm left, the listener's task ends."""
-        if self._stopped and not self._comms and self._done is not None:
-            self._done.set()
 
     def get_host_port(self) -> tuple[str, int]:
         """The listening address as ``(host, port)``.

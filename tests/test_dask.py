@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("distributed")
 np = pytest.importorskip("numpy")
 
+import anyio  # noqa: E402
 import dask  # noqa: E402
 import trustme  # noqa: E402
 from distributed.comm import (  # noqa: E402
@@ -36,7 +37,9 @@ from distributed.core import ConnectionPool, Server, rpc  # noqa: E402
 from distributed.protocol import Serialize, Serialized, to_serialize  # noqa: E402
 from distributed.security import Security  # noqa: E402
 
-from .conftest import needs  # noqa: E402
+import anyio_comm  # noqa: E402
+
+from .conftest import HAVE_IPV6, needs  # noqa: E402
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -432,6 +435,182 @@ async def test_stop_keeps_established_comms(
         assert await p.server.read() == "still"
         await p.server.write("here")
         assert await p.client.read() == "here"
+
+
+async def test_a_comm_still_in_its_handshake_outlives_the_listener(
+    scheme: str, tls_files: tuple[TLSFiles, TLSFiles]
+) -> None:
+    """dask's own helpers (``get_comm_pair``) leave the listen block as soon as the
+    client's connect() returns, when the server's side of dask's handshake may not
+    be over: stop() stops accepting and nothing else, so that comm reaches the
+    handler after it, and the two talk."""
+    servers: asyncio.Queue[Comm] = asyncio.Queue()
+
+    async def handle(comm: Comm) -> None:
+        await servers.put(comm)
+
+    for _ in range(5):  # (the server's side is often in its handshake at the exit)
+        async with listen_at(scheme, handle, tls_files) as listener:
+            client = await connect_to(listener.contact_address, scheme, tls_files)
+        server = await asyncio.wait_for(servers.get(), 10)
+        try:
+            await client.write("hello")
+            assert await asyncio.wait_for(server.read(), 10) == "hello"
+            await server.write("back")
+            assert await asyncio.wait_for(client.read(), 10) == "back"
+        finally:
+            await client.close()
+            await server.close()
+
+
+async def test_stop_then_abort_handshaking_comms(
+    scheme: str, tls_files: tuple[TLSFiles, TLSFiles]
+) -> None:
+    """What dask's Server does as it stops: stop(), which keeps a connection still
+    in dask's handshake, then abort_handshaking_comms(), which ends it at once."""
+    listener = listen_at(scheme, drop, tls_files)
+    await listener.start()
+    host, port = listener.get_host_port()
+    ssl_context = connect_args(scheme, tls_files).get("ssl_context")
+    # A client that connects and never sends dask's handshake: the server waits in it.
+    if scheme.startswith("anyio+"):
+        raw = await anyio_comm.connect(
+            f"{scheme.removeprefix('anyio+')}://{host}:{port}", ssl_context=ssl_context
+        )
+
+        async def receive() -> bytes:
+            try:
+                return b"".join(bytes(f) for f in await raw.receive_frames())
+            except (anyio.EndOfStream, anyio.BrokenResourceError, anyio_comm.PeerClosedError):
+                return b""
+
+        close = raw.aclose
+    else:
+        reader, writer = await asyncio.open_connection(
+            host, port, ssl=ssl_context, server_hostname="localhost" if ssl_context else None
+        )
+
+        async def receive() -> bytes:
+            try:
+                return await reader.read(65536)
+            except ConnectionError:
+                return b""
+
+        async def close() -> None:
+            writer.close()
+
+    try:
+        assert await asyncio.wait_for(receive(), 10)  # the server's handshake: it is in it
+        listener.stop()
+        with pytest.raises(asyncio.TimeoutError):  # stop() alone keeps it
+            while await asyncio.wait_for(receive(), 0.3):
+                pass
+        listener.abort_handshaking_comms()
+
+        async def until_the_end() -> None:
+            while await receive():
+                pass
+
+        await asyncio.wait_for(until_the_end(), 10)
+    finally:
+        await close()
+
+
+async def test_await_listen_form(scheme: str, tls_files: tuple[TLSFiles, TLSFiles]) -> None:
+    """``listener = await listen(...)`` starts it, as ``async with`` does."""
+    listener = await listen_at(scheme, echo, tls_files)
+    try:
+        comm = await connect_to(listener.contact_address, scheme, tls_files)
+        await comm.write({"x": 1})
+        assert await comm.read() == {"x": 1}
+        await comm.close()
+    finally:
+        listener.stop()
+
+
+async def test_abort_with_a_read_and_a_write_in_flight(
+    scheme: str, tls_files: tuple[TLSFiles, TLSFiles]
+) -> None:
+    """A read waiting when its comm is aborted raises CommClosedError; a large write
+    under way ends at once, with CommClosedError or done (tcp:// may have taken
+    what it could into its buffer)."""
+    async with pair(scheme, tls_files) as p:
+        reading = asyncio.ensure_future(p.client.read())
+        big = np.ones(64 * 2**20, dtype="u1")  # more than the socket buffers take
+        writing = asyncio.ensure_future(p.client.write({"x": to_serialize(big)}))
+        await asyncio.sleep(0.2)
+        assert not reading.done()
+        p.client.abort()
+        with pytest.raises(CommClosedError):
+            await asyncio.wait_for(reading, 10)
+        try:
+            await asyncio.wait_for(writing, 10)
+        except CommClosedError:
+            pass
+        assert p.client.closed()
+        with pytest.raises(CommClosedError):
+            await p.client.write("after")
+
+
+async def test_close_with_a_read_in_flight(
+    scheme: str, tls_files: tuple[TLSFiles, TLSFiles]
+) -> None:
+    async with pair(scheme, tls_files) as p:
+        reading = asyncio.ensure_future(p.client.read())
+        await asyncio.sleep(0.1)
+        await asyncio.wait_for(p.client.close(), 10)
+        with pytest.raises(CommClosedError):
+            await asyncio.wait_for(reading, 10)
+        with pytest.raises(CommClosedError):
+            await p.server.read()
+
+
+async def test_close_waits_for_a_write_in_flight(
+    scheme: str, tls_files: tuple[TLSFiles, TLSFiles]
+) -> None:
+    """close() sends what a write under way began before it closes (tcp:// flushes
+    its buffer first: it waits while the peer does not read, and a read in flight
+    waits with it); the peer gets the whole message, then the end."""
+    async with pair(scheme, tls_files) as p:
+        big = np.arange(8 * 2**20, dtype="u8")  # 64 MiB: more than the socket buffers take
+        writing = asyncio.ensure_future(p.client.write({"x": to_serialize(big)}))
+        await asyncio.sleep(0.2)
+        closing = asyncio.ensure_future(p.client.close())
+        await asyncio.sleep(0.2)
+        assert not closing.done()  # the peer has not read yet
+        message = await asyncio.wait_for(p.server.read(), 30)
+        np.testing.assert_array_equal(message["x"], big)
+        await asyncio.wait_for(closing, 10)
+        try:
+            await writing
+        except CommClosedError:  # (which comms may say once closed meanwhile)
+            pass
+        with pytest.raises(CommClosedError):
+            await asyncio.wait_for(p.server.read(), 10)
+
+
+async def test_handshake_info(scheme: str, tls_files: tuple[TLSFiles, TLSFiles]) -> None:
+    """What each side tells the other in dask's handshake, and what they agreed."""
+    async with pair(scheme, tls_files) as p:
+        for comm in (p.client, p.server):
+            info = comm.handshake_info()
+            assert set(info) >= {"compression", "python", "pickle-protocol"}
+            assert comm.local_info["address"] == comm.local_address
+            assert set(comm.handshake_options) >= {"compression", "pickle-protocol"}
+        assert p.client.handshake_info() == p.server.handshake_info()
+
+
+@pytest.mark.skipif(not HAVE_IPV6, reason="no IPv6 loopback")
+async def test_ipv6(scheme: str, tls_files: tuple[TLSFiles, TLSFiles]) -> None:
+    async with listen(f"{scheme}://[::1]:0", echo, **listen_args(scheme, tls_files)) as listener:
+        assert listener.contact_address.startswith(f"{scheme}://[::1]:")
+        assert get_address_host(listener.contact_address) == "::1"
+        comm = await connect_to(listener.contact_address, scheme, tls_files)
+        assert comm.peer_address == listener.contact_address
+        assert comm.local_address.startswith(f"{scheme}://[::1]:")
+        await comm.write(b"six")
+        assert await comm.read() == b"six"
+        await comm.close()
 
 
 async def test_extra_info(scheme: str, tls_files: tuple[TLSFiles, TLSFiles]) -> None:

@@ -377,6 +377,77 @@ async def test_a_new_listener_takes_the_address_after_stop_accepting(kind: str) 
                             assert await b.receive() == "new"
 
 
+@pytest.mark.parametrize(
+    "kind",
+    ["tcp", pytest.param("unix", marks=ADDRESS_TRANSPORTS[2].marks), "tls1.3"],
+)
+async def test_stop_accepting_lets_a_handshake_in_progress_reach_the_handler(kind: str) -> None:
+    """A connection accepted before stop_accepting() whose handshake (TLS, the
+    preamble exchange) completes after it is served; wait_closed() returns once
+    it is closed."""
+    server_options, client_options = tls_options(kind)
+    async with listen_address(kind) as address:
+        async with anyio_comm.listen(address, echo_handler, **server_options) as listener:
+            if kind == "unix":
+                stream: anyio.abc.ByteStream = await anyio.connect_unix(
+                    listener.address.removeprefix("unix://")
+                )
+            else:
+                port = int(listener.address.rsplit(":", 1)[1])
+                stream = await anyio.connect_tcp("127.0.0.1", port)
+            # accepted, and waiting for our first bytes (a ClientHello or a preamble)
+            await wait_until(lambda: listener._server.connections, "accepted")
+            listener.stop_accepting()
+            closed = anyio.Event()
+
+            async def wait_closed() -> None:
+                await listener.wait_closed()
+                closed.set()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(wait_closed)
+                if "ssl_context" in client_options:
+                    stream = await anyio.streams.tls.TLSStream.wrap(
+                        stream, hostname="localhost", ssl_context=client_options["ssl_context"]
+                    )
+                async with await anyio_comm.from_stream(stream) as comm:
+                    await comm.send("late")
+                    with anyio.fail_after(10):
+                        assert await comm.receive() == "late"
+                    assert listener.active_connections == 1
+                    await anyio.sleep(0.05)
+                    assert not closed.is_set()  # (a connection is still open)
+                with anyio.fail_after(10):
+                    await closed.wait()
+            assert listener.active_connections == 0
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_wait_closed(kind: str) -> None:
+    """wait_closed() waits for stop_accepting() and for the last connection; it
+    returns at once once nothing is left, after shutdown() and after listen()."""
+    server_options, client_options = tls_options(kind)
+    async with listen_address(kind) as address:
+        async with anyio_comm.listen(address, echo_handler, **server_options) as listener:
+            with anyio.move_on_after(0.05) as scope:
+                await listener.wait_closed()  # still accepting, nothing open
+            assert scope.cancelled_caught
+            async with await anyio_comm.connect(listener.address, timeout=10, **client_options):
+                listener.stop_accepting()
+                with anyio.move_on_after(0.05) as scope:
+                    await listener.wait_closed()  # a connection is open
+                assert scope.cancelled_caught
+            with anyio.fail_after(10):
+                await listener.wait_closed()
+                await listener.shutdown()
+                await listener.wait_closed()
+        async with anyio_comm.listen(address, echo_handler, **server_options) as other:
+            async with await anyio_comm.connect(other.address, timeout=10, **client_options):
+                pass
+        with anyio.fail_after(10):
+            await other.wait_closed()
+
+
 def notify_closing_in_tasks_only(sock: socket.socket) -> None:
     """``anyio.notify_closing`` as AnyIO releases that ask sniffio for the event
     loop have it: on asyncio, it fails outside a task."""
