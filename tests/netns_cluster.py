@@ -34,7 +34,8 @@ from typing import TYPE_CHECKING, Any
 import dask
 import numpy as np
 from distributed import Client, Scheduler, Security, Worker
-from distributed.comm import get_address_host, parse_address
+from distributed.comm import parse_address
+from distributed.comm.addressing import parse_host_port
 from distributed.comm.registry import backends
 
 if TYPE_CHECKING:
@@ -98,8 +99,7 @@ async def _until_stopped(server: Server) -> None:
 
 async def run_scheduler(address: str, tls: str | None) -> None:
     scheme, location = parse_address(address)
-    host = get_address_host(address)
-    port = int(location.rpartition(":")[2])
+    host, port = parse_host_port(location)
     async with Scheduler(
         host=host,
         port=port,
