@@ -94,13 +94,15 @@ def tests_asyncio_only(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def tests_dask(session: nox.Session) -> None:
     """The dask backend (anyio_comm.dask) against a pinned distributed: dask's comm
-    contract and a LocalCluster of worker processes. A regular (not editable) install,
-    as users get: the workers find the backend through its entry points."""
+    contract, a LocalCluster of worker processes, and a cluster across two network
+    namespaces (needs root; CI must run it). A regular (not editable) install, as users
+    get: the workers find the backend through its entry points."""
     run_pytest(
         session,
         "dask,test",
         "tests/test_dask.py",
         "tests/test_dask_cluster.py",
+        "tests/test_dask_netns.py",
         packages=(DISTRIBUTED, "numpy"),
     )
 
