@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import socket
 import sys
 import time
 from contextlib import asynccontextmanager
@@ -203,6 +204,50 @@ async def test_round_trips_of_dask_messages(
 
         await p.server.write({"reply": to_serialize(array[:5])})
         np.testing.assert_array_equal((await p.client.read())["reply"], array[:5])
+
+
+async def test_deserialize_false_on_the_connecting_end(
+    scheme: str, tls_files: tuple[TLSFiles, TLSFiles]
+) -> None:
+    """``connect(deserialize=False)``: what that end reads stays serialized."""
+    array = np.arange(1000, dtype="f8")
+    servers: asyncio.Queue[Comm] = asyncio.Queue()
+
+    async def handle(comm: Comm) -> None:
+        await servers.put(comm)
+
+    async with listen_at(scheme, handle, tls_files) as listener:
+        client = await connect_to(listener.contact_address, scheme, tls_files, deserialize=False)
+        server = await asyncio.wait_for(servers.get(), 10)
+        try:
+            await server.write({"data": to_serialize(array), "n": 1})
+            received = await client.read()
+            assert received["n"] == 1
+            assert isinstance(received["data"], (Serialize, Serialized))
+        finally:
+            await client.close()
+            await server.close()
+
+
+async def test_connect_is_retried_until_a_listener_comes(
+    scheme: str, tls_files: tuple[TLSFiles, TLSFiles]
+) -> None:
+    """dask's connect() retries a refused connection until its timeout: a listener
+    that starts meanwhile gets it."""
+    with socket.socket() as probe:  # a port nobody listens on (for now)
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"{scheme}://127.0.0.1:{port}"
+    connecting = asyncio.ensure_future(
+        connect(address, timeout=10, **connect_args(scheme, tls_files))
+    )
+    await asyncio.sleep(0.5)
+    assert not connecting.done()
+    async with listen(address, echo, **listen_args(scheme, tls_files)):
+        comm = await asyncio.wait_for(connecting, 15)
+        await comm.write("late")
+        assert await comm.read() == "late"
+        await comm.close()
 
 
 async def test_large_frames(scheme: str, tls_files: tuple[TLSFiles, TLSFiles]) -> None:

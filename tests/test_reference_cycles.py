@@ -25,7 +25,7 @@ from .certs import client_context, server_context
 from .helpers import TLS_VERSIONS, TRANSPORTS, connected_pair, listen_address
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable, Iterator
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
     from contextlib import AbstractAsyncContextManager as AsyncContextManager
 
     Pair = tuple[anyio_comm.Comm, anyio_comm.Comm]
@@ -66,6 +66,15 @@ def no_cycles() -> Iterator[None]:
         if enabled:
             gc.enable()
     assert not found, f"reference cycles hold: {found}"
+
+
+async def leaves_no_cycles(one: Callable[[], Awaitable[None]]) -> None:
+    """Run ``one()`` once (which warms up the code paths), then ``ROUNDS`` times
+    under :func:`no_cycles`."""
+    await one()
+    with no_cycles():
+        for _ in range(ROUNDS):
+            await one()
 
 
 async def _round_trip(client: anyio_comm.Comm, server: anyio_comm.Comm) -> None:
@@ -123,10 +132,7 @@ async def test_closed_comms(kind: str) -> None:
                 await _round_trip(client, server)
                 await server.aclose()
 
-        await one()
-        with no_cycles():
-            for _ in range(ROUNDS):
-                await one()
+        await leaves_no_cycles(one)
 
 
 @pytest.mark.parametrize("kind", TRANSPORTS)
@@ -146,10 +152,7 @@ async def test_comm_whose_peer_aborted(kind: str) -> None:
                             await server.receive()
                 await server.aclose()
 
-        await one()
-        with no_cycles():
-            for _ in range(ROUNDS):
-                await one()
+        await leaves_no_cycles(one)
 
 
 @pytest.mark.parametrize("tls", [None, "tls1.3"])
@@ -205,7 +208,4 @@ async def test_listener_connections(tls: str | None) -> None:
                     while listener.active_connections:
                         await anyio.sleep(0.01)
 
-            await one()
-            with no_cycles():
-                for _ in range(ROUNDS):
-                    await one()
+            await leaves_no_cycles(one)
