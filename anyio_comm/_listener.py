@@ -381,11 +381,15 @@ class _Server:
                             await limiter.acquire_on_behalf_of(slot)
                     try:
                         async with turns if turns is not None else _NO_TURNS:
+                            if self.accepting_stopped:
+                                return  # stopped while this loop waited for its turn
                             conn, _ = sock.accept()
                             self.start_socket_connection(conn, slot)
                     except BlockingIOError:
                         break
                     except OSError as exc:
+                        if self.accepting_stopped:
+                            return  # stop_accepting() closed the socket under us
                         if exc.errno in _RESOURCE_ERRNOS:
                             logger.error("accept() failed (%s); retrying in 0.1 s", exc)
                             await anyio.sleep(0.1)

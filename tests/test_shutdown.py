@@ -398,28 +398,39 @@ async def test_stop_accepting_lets_a_handshake_in_progress_reach_the_handler(kin
             # accepted, and waiting for our first bytes (a ClientHello or a preamble)
             await wait_until(lambda: listener._server.connections, "accepted")
             listener.stop_accepting()
-            closed = anyio.Event()
-
-            async def wait_closed() -> None:
-                await listener.wait_closed()
-                closed.set()
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(wait_closed)
-                if "ssl_context" in client_options:
-                    stream = await anyio.streams.tls.TLSStream.wrap(
-                        stream, hostname="localhost", ssl_context=client_options["ssl_context"]
-                    )
-                async with await anyio_comm.from_stream(stream) as comm:
-                    await comm.send("late")
-                    with anyio.fail_after(10):
-                        assert await comm.receive() == "late"
-                    assert listener.active_connections == 1
-                    await anyio.sleep(0.05)
-                    assert not closed.is_set()  # (a connection is still open)
-                with anyio.fail_after(10):
-                    await closed.wait()
+            await _served_after_stop(listener, stream, client_options)
             assert listener.active_connections == 0
+
+
+async def _served_after_stop(
+    listener: anyio_comm.Listener, stream: anyio.abc.ByteStream, client_options: dict[str, Any]
+) -> None:
+    """Complete the handshake on ``stream`` and a round trip; wait_closed() returns
+    once that connection is closed, not before."""
+    closed = anyio.Event()
+
+    async def wait_closed() -> None:
+        await listener.wait_closed()
+        closed.set()
+
+    try:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(wait_closed)
+            if "ssl_context" in client_options:
+                stream = await anyio.streams.tls.TLSStream.wrap(
+                    stream, hostname="localhost", ssl_context=client_options["ssl_context"]
+                )
+            async with await anyio_comm.from_stream(stream) as comm:
+                await comm.send("late")
+                with anyio.fail_after(10):
+                    assert await comm.receive() == "late"
+                assert listener.active_connections == 1
+                await anyio.sleep(0.05)
+                assert not closed.is_set()  # (a connection is still open)
+            with anyio.fail_after(10):
+                await closed.wait()
+    finally:
+        await anyio.aclose_forcefully(stream)
 
 
 @pytest.mark.parametrize("kind", KINDS)
