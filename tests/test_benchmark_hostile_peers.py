@@ -5,6 +5,7 @@ figure (never how fast or how large anything is)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -80,3 +81,18 @@ def test_a_short_tls_storm_run_reports_every_figure(tmp_path: Path) -> None:
     assert len(result["p99_ratios"]) == 2
     assert result["target_met"] == (done.returncode == 0)
     assert "rounds pooled" in done.stdout
+    # real-time where the client may set it (root, CAP_SYS_NICE); niceness 0 otherwise
+    assert result["client_priority"] in (
+        "SCHED_FIFO 1",
+        "nice 0 (the attackers' 10; SCHED_FIFO not allowed)",
+    )
+    assert f"client priority: {result['client_priority']}" in done.stdout
+
+
+def test_the_storm_client_left_at_niceness_0_says_so() -> None:
+    from benchmarks.hostile_peers import _storm_client_priority
+
+    before = os.sched_getscheduler(0) if hasattr(os, "sched_getscheduler") else None
+    assert _storm_client_priority(False) == "nice 0 (the attackers' 10; --client-nice)"
+    if before is not None:
+        assert os.sched_getscheduler(0) == before
