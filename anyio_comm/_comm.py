@@ -86,10 +86,10 @@ from ._exceptions import (
     ReceiveBudgetError,
     RemoteProtocolError,
 )
-from ._receivers import _cost, start_receiver
+from ._receivers import start_receiver
+from ._sansio.budget import frames_cost
 from ._sansio.close import CloseCode, CloseReason, reason_for_protocol_error
-from ._sansio.connection import Connection, ConnectionState
-from ._sansio.decoder import EndOfData
+from ._sansio.connection import Connection, ConnectionState, EndOfData, ReceiveStatus
 from ._sansio.pool import BufferPool
 from ._sansio.wire import Capability
 from ._util import ConflictDetector
@@ -279,7 +279,7 @@ class Comm(ObjectStream[Any]):
         # what the peer's close record said, once a receive reached it
         self._peer_reason: CloseReason | None = None
         self._hook = hook
-        account = conn.decoder.account
+        account = conn.account
         if account is not None:
             account.on_stall = self._stalled
 
@@ -411,7 +411,7 @@ class Comm(ObjectStream[Any]):
             Exception: what :meth:`receive` raises.
         """
         frames = await self.receive_frames()
-        cost = _cost(cast("Frames", frames))
+        cost = frames_cost(cast("Frames", frames))
         try:
             return self._serializer.loads(frames), cost
         except RemoteProtocolError as exc:
@@ -441,14 +441,14 @@ class Comm(ObjectStream[Any]):
         done with the comm. The budget's stall check closes this comm for that
         account too. ``None`` when the comm has no budget.
         """
-        decoder = self._conn.decoder
-        account = decoder.account
+        conn = self._conn
+        account = conn.account
         if account is None:
             return None
         keeper = account.budget.account()
         keeper.on_stall = self._stalled
         self._receiver.keep_taken(keeper)
-        return keeper, decoder.budget_min
+        return keeper, conn.budget_min
 
     async def receive_frames(self) -> Sequence[memoryview]:
         """Receive the next message as a sequence of frames.
@@ -576,8 +576,8 @@ class Comm(ObjectStream[Any]):
             IdleTimeoutError: nothing arrived for ``idle_timeout`` seconds.
         """
         receiver = self._receiver
-        decoder = self._conn.decoder
-        if self._conn.peer is None:
+        conn = self._conn
+        if conn.peer is None:
             # Early data: the peer's preamble has not arrived yet.
             remaining = self._handshake_deadline - current_time()
             if remaining > 0:
@@ -593,14 +593,15 @@ class Comm(ObjectStream[Any]):
             raise TimeoutError(
                 f"the preamble of {self._peer_address} did not arrive within handshake_timeout"
             )
-        if decoder.decompression_due:
+        status = conn.receive_status
+        if status is ReceiveStatus.DECOMPRESS:
             # Our side decompresses a frame (in a worker thread): the peer's
             # timers do not run meanwhile.
             await receiver.wait()
             return
-        if decoder.waiting_for_budget:
+        if status is ReceiveStatus.WAIT_BUDGET:
             # Our side holds the message back: neither the peer's timers run.
-            account = decoder.account
+            account = conn.account
             assert account is not None
             budget = account.budget
             stall_timeout = budget.stall_timeout
@@ -615,7 +616,7 @@ class Comm(ObjectStream[Any]):
         in_message = not receiver.at_message_boundary
         message_timeout = self._message_timeout
         if in_message and message_timeout is not None:
-            received = decoder.received_in_message
+            received = conn.received_in_message
             allowance = message_timeout - self._message_waited
             if self._min_receive_rate:
                 allowance += received / self._min_receive_rate
@@ -783,7 +784,7 @@ class Comm(ObjectStream[Any]):
             if isinstance(exc, BrokenResourceError):
                 # The peer may have said why it closed (the event loop's
                 # reader found its record already): report that, for good.
-                end = conn.decoder.end_error
+                end = conn.end_error
                 if isinstance(end, EndOfData) and end.reason is not None:
                     self._peer_reason = end.reason
                     await self._fail()

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Final, TypedDict
 
 from ._compat import final
 from ._sansio.compression import check_codecs
-from ._sansio.decoder import DEFAULT_READ_BUFFER_SIZE, check_read_buffer_size
+from ._sansio.connection import DEFAULT_READ_BUFFER_SIZE, check_read_buffer_size
 from ._sansio.serialization import DEFAULT_OOB_THRESHOLD, Serializer
 from ._sansio.wire import Limits
 

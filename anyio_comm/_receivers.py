@@ -18,7 +18,7 @@ whole message at a time. Two engines do that:
   readiness waits instead of 25, each an ``epoll_ctl``, a task switch and
   the message's timer; four in five reads after a yield find bytes).
 * :class:`PushReceiver`: the event loop does the reading (asyncio and uvloop).
-  The loop's readiness callback receives straight into the buffer the decoder
+  The loop's readiness callback receives straight into the buffer the connection
   hands out and decodes, as ``asyncio.BufferedProtocol`` does, and wakes the
   task only when a whole message is there. A small queue of decoded messages
   absorbs bursts; when it is full the callback stops reading (the kernel's
@@ -30,8 +30,8 @@ whole message at a time. Two engines do that:
   request/reply exchange of large messages, whose queue fills with every
   message and empties before the next arrives, never changes it.
   A large frame (one read directly into its own buffer, see
-  :attr:`FrameDecoder.frame_buffer_due
-  <anyio_comm._sansio.decoder.FrameDecoder.frame_buffer_due>`) is left to the
+  :class:`~anyio_comm._sansio.connection.ReceiveStatus`
+  ``TASK_READS_FRAME``) is left to the
   task: the callback stops at its header (after a short read, clearing the
   transport's "drained" mark: the task's wake-up is a pass of the loop, after
   which it looks again), and the task allocates the frame's buffer. On a
@@ -52,16 +52,13 @@ whole message at a time. Two engines do that:
   four connections ran at 0.4x the floor), and the pages a stalled
   consumer's connection holds stay bounded by the queue. The frames of a
   message of more than 32 frames, some shorter than 64 bytes, are left to the
-  task the same way (see
-  :attr:`FrameDecoder.many_frames_due
-  <anyio_comm._sansio.decoder.FrameDecoder.many_frames_due>`): until the task
-  takes it, the decoder keeps its short frames back to back in one buffer,
+  task the same way (status ``TASK_READS_MANY``, in mode ``CALLBACK``): until the task
+  takes it, the connection keeps its short frames back to back in one buffer,
   where they stay (a :class:`~anyio_comm._sansio.frames.PackedFrames`).
 
 Compressed frames of :data:`OFFLOAD_MIN` bytes and more (decompressed) are
-decompressed in a worker thread, never in the event loop's: the decoder stops
-at such a frame (:attr:`FrameDecoder.decompression_due
-<anyio_comm._sansio.decoder.FrameDecoder.decompression_due>`), the push
+decompressed in a worker thread, never in the event loop's: the connection stops
+at such a frame (``DECOMPRESS``), the push
 engine leaves it to the task as it leaves a large frame, and the task's
 :meth:`~Receiver.wait` runs it in a thread (a cancellation waits for the
 thread, so the frame is kept for the next receive). The threads are shared
@@ -97,8 +94,8 @@ from anyio import BrokenResourceError, CapacityLimiter, ClosedResourceError
 from anyio.lowlevel import RunVar
 
 from ._compat import final
-from ._sansio.budget import FRAME_COST
-from ._sansio.decoder import EndOfData
+from ._sansio.budget import frames_cost
+from ._sansio.connection import EndOfData, ReceiveMode, ReceiveStatus
 from ._sansio.errors import RemoteProtocolError
 
 if TYPE_CHECKING:
@@ -107,7 +104,6 @@ if TYPE_CHECKING:
     from ._backend import Backend
     from ._sansio.budget import BudgetAccount
     from ._sansio.connection import Connection
-    from ._sansio.decoder import FrameDecoder
     from ._sansio.frames import Frames
     from ._transports.base import Transport
 
@@ -135,6 +131,14 @@ OFFLOAD_MIN: Final = 1024 * 1024
 #: after this many bytes decompressed without a check, the next compressed frame
 #: waits until the peer is seen to be still there (see _check_peer)
 CHECK_EVERY: Final = 16 * 1024 * 1024
+
+# (module constants: a global lookup costs less than an enum member's)
+_WAIT_BUDGET: Final = ReceiveStatus.WAIT_BUDGET
+_TASK_READS_FRAME: Final = ReceiveStatus.TASK_READS_FRAME
+_TASK_READS_MANY: Final = ReceiveStatus.TASK_READS_MANY
+_DECOMPRESS: Final = ReceiveStatus.DECOMPRESS
+_CALLBACK: Final = ReceiveMode.CALLBACK
+_TASK: Final = ReceiveMode.TASK
 
 # the worker threads that decompress, per event loop: one fewer than the CPUs this
 # process may run on (at least one), so that the event loop keeps a CPU
@@ -164,16 +168,16 @@ def _check_peer(transport: Transport) -> None:
         )
 
 
-async def _decompress_in_thread(decoder: FrameDecoder, transport: Transport) -> None:
-    """Run the decoder's due decompression in a worker thread (a cancellation
+async def _decompress_in_thread(conn: Connection, transport: Transport) -> None:
+    """Run the connection's due decompression in a worker thread (a cancellation
     waits for it: nothing is lost, the next receive goes on from there)."""
     _check_peer(transport)
-    decoder.prepare_decompression()
-    await anyio.to_thread.run_sync(decoder.decompress, limiter=_decompression_limiter())
+    conn.prepare_decompression()
+    await anyio.to_thread.run_sync(conn.decompress, limiter=_decompression_limiter())
 
 
 def _decompress_small(conn: Connection, transport: Transport) -> Frames | None:
-    """Run the decoder's due decompressions that are small enough to run here,
+    """Run the connection's due decompressions that are small enough to run here,
     and decode on; return a message completed meanwhile, or ``None`` (then a
     large one may be due: see :func:`_decompress_in_thread`).
 
@@ -181,23 +185,14 @@ def _decompress_small(conn: Connection, transport: Transport) -> Frames | None:
         anyio.BrokenResourceError: the peer reset the connection.
         RemoteProtocolError, EndOfData: as ``conn.next_message()``.
     """
-    decoder = conn.decoder
-    while decoder.decompression_due and decoder.decompression_size < OFFLOAD_MIN:
+    while conn.receive_status is _DECOMPRESS and conn.decompression_size < OFFLOAD_MIN:
         _check_peer(transport)
-        decoder.prepare_decompression()
-        decoder.decompress()
+        conn.prepare_decompression()
+        conn.decompress()
         frames = conn.next_message()
         if frames is not None:
             return frames
     return None
-
-
-def _cost(frames: Frames) -> int:
-    """What a decoded message holds in memory, as counted against MAX_QUEUED_BYTES
-    (and against the receive budget: :func:`~anyio_comm._sansio.budget.message_cost`)."""
-    if isinstance(frames, list):
-        return sum(map(len, frames)) + FRAME_COST * len(frames)  # flat views: len() is the size
-    return frames.nbytes + FRAME_COST * len(frames)
 
 
 class Receiver(metaclass=ABCMeta):
@@ -269,9 +264,7 @@ class PullReceiver(Receiver):
 
     __slots__ = (
         "_conn",
-        "_decoder",
         "_empty",
-        "_keeper",
         "_pause",
         "_paused",
         "_transport",
@@ -289,9 +282,7 @@ class PullReceiver(Receiver):
     ) -> None:
         self._transport = transport
         self._conn = conn
-        self._decoder = decoder = conn.decoder
-        decoder.offload_min = OFFLOAD_MIN
-        decoder.check_every = CHECK_EVERY
+        conn.start_receiving(ReceiveMode.PULL, offload_min=OFFLOAD_MIN, check_every=CHECK_EVERY)
         # The last read from a plain socket came up short: it is empty, so do
         # not try it again before waiting.
         self._empty = False
@@ -302,79 +293,74 @@ class PullReceiver(Receiver):
         self._waited = False
         # trio's waits are checkpoints that check first
         self.check_before_wait = on_asyncio
-        # the account that reservations of returned messages go to (see keep_taken)
-        self._keeper: BudgetAccount | None = None
 
     @property
     def at_message_boundary(self) -> bool:
-        return self._decoder.at_message_boundary
+        return self._conn.at_message_boundary
 
     @property
     def yield_due(self) -> bool:
-        decoder = self._decoder
-        return (
-            self._empty
-            and not self._paused
-            and not decoder.at_message_boundary
-            and not decoder.waiting_for_budget
-            and not decoder.decompression_due
-        )
+        conn = self._conn
+        if not self._empty or self._paused or conn.at_message_boundary:
+            return False
+        status = conn.receive_status
+        return status is not _WAIT_BUDGET and status is not _DECOMPRESS
 
     @property
     def ended(self) -> bool:
-        # The decoder reports the end once every message before it was taken;
+        # The connection reports the end once every message before it was taken;
         # only the receiving task reads (nothing does between its calls).
-        return self._decoder.end_error is not None
+        return self._conn.end_error is not None
 
     def receive_nowait(self) -> Frames | None:
         conn = self._conn
-        # After a wait, the decoder holds what it held when the last call found
-        # no message: go straight to the transport.
+        # After a wait, the connection holds what it held when the last call
+        # found no message: go straight to the transport.
         frames = None if self._waited else conn.next_message()
         self._waited = False
-        decoder = self._decoder
+        if frames is not None:
+            return frames
         transport = self._transport
-        if frames is None and decoder.decompression_due:
+        status = conn.receive_status
+        if status is _DECOMPRESS:
             frames = _decompress_small(conn, transport)
-        if (
-            frames is None
-            and not self._empty
-            and not decoder.waiting_for_budget
-            and not decoder.decompression_due
-        ):
-            get_buffer = conn.get_buffer
-            while True:
-                buffer = get_buffer()
-                n = transport.receive_into_nowait(buffer)
-                if n is None:
-                    break
-                self._paused = False
-                if n:
-                    conn.buffer_updated(n)
-                else:
-                    conn.receive_eof()
-                frames = conn.next_message()
-                if frames is None and decoder.decompression_size:  # (one is due)
+            if frames is not None:
+                return frames
+            status = conn.receive_status
+        if self._empty or status is _WAIT_BUDGET or status is _DECOMPRESS:
+            return None
+        get_buffer = conn.get_buffer
+        while True:
+            buffer = get_buffer()
+            n = transport.receive_into_nowait(buffer)
+            if n is None:
+                return None
+            self._paused = False
+            if n:
+                conn.buffer_updated(n)
+            else:
+                conn.receive_eof()
+            frames = conn.next_message()
+            if frames is None:
+                status = conn.receive_status
+                if status is _DECOMPRESS:
                     frames = _decompress_small(conn, transport)
-                if n < buffer.nbytes and not transport.buffers_data:
-                    self._empty = True
-                    break
-                if frames is not None or decoder.waiting_for_budget or decoder.decompression_due:
-                    break
-        if frames is not None and self._keeper is not None:
-            cost = _cost(frames)
-            if cost >= decoder.budget_min:
-                decoder.account.transfer(cost, self._keeper)  # type: ignore[union-attr]
-        return frames
+                    status = conn.receive_status
+            if n < buffer.nbytes and not transport.buffers_data:
+                self._empty = True
+                return frames
+            if frames is not None or status is _WAIT_BUDGET or status is _DECOMPRESS:
+                return frames
 
     def wait(self) -> Awaitable[None]:
-        decoder = self._decoder
-        if decoder.waiting_for_budget:
-            return _wait_for_grant(decoder.account)
-        if decoder.decompression_due:
-            return _decompress_in_thread(decoder, self._transport)
+        conn = self._conn
+        status = conn.receive_status
+        if status is _WAIT_BUDGET:
+            return _wait_for_grant(conn)
+        if status is _DECOMPRESS:
+            return _decompress_in_thread(conn, self._transport)
         self._waited = True
-        if self.yield_due:
+        if self._empty and not self._paused and not conn.at_message_boundary:
             # A short read inside a message: look again after one pass of the
             # event loop (see the module).
             self._empty = False
@@ -388,22 +374,18 @@ class PullReceiver(Receiver):
     def close(self) -> None:
         """Leave the budget; nothing else to stop: the task reads, and closing
         the transport wakes it."""
-        account = self._decoder.account
-        if account is not None:
-            account.close()
+        self._conn.stop_receiving()
 
     def keep_taken(self, keeper: BudgetAccount) -> None:
-        # The decoder leaves a complete message's reservation to this receiver,
-        # which hands it over as it returns the message.
-        self._decoder.hold_reservations = True
-        self._keeper = keeper
+        # (the connection hands a message's reservation over as it completes,
+        # which is as this receiver returns it)
+        self._conn.keep_taken(keeper)
 
 
-async def _wait_for_grant(account: BudgetAccount | None) -> None:
-    """Wait until ``account`` was granted the reservation it waits for."""
-    assert account is not None
+async def _wait_for_grant(conn: Connection) -> None:
+    """Wait until the budget granted the reservation ``conn`` waits for."""
     granted = anyio.Event()
-    account.on_grant = granted.set
+    conn.on_budget_grant(granted.set)
     await granted.wait()
 
 
@@ -425,13 +407,10 @@ class PushReceiver(Receiver):
 
     __slots__ = (
         "__weakref__",
-        "_account",
         "_budget_min",
         "_closed",
         "_conn",
-        "_decoder",
         "_end",
-        "_keeper",
         "_loop",
         "_pause",
         "_paused",
@@ -461,9 +440,6 @@ class PushReceiver(Receiver):
     ) -> None:
         self._transport = transport
         self._conn = conn
-        self._decoder = decoder = conn.decoder
-        decoder.offload_min = OFFLOAD_MIN
-        decoder.check_every = CHECK_EVERY
         self._loop = loop
         self._wake_on_bytes = wake_on_bytes
         # Wake the task once when a message is left incomplete by a callback (the
@@ -488,13 +464,10 @@ class PushReceiver(Receiver):
         # ... which the task was given and has not used yet
         self._pausing = False
         self._closed = False
-        # Messages costing at least _budget_min hold a reservation of the budget
-        # until the task takes them (the decoder keeps them past completion: see
-        # start, which tells it once this engine is the one that runs).
-        account = self._account = self._decoder.account
-        self._budget_min = self._decoder.budget_min if account is not None else 1 << 64
-        # the account those reservations go to when taken (see keep_taken)
-        self._keeper: BudgetAccount | None = None
+        # Messages costing at least this hold a reservation of the budget until
+        # the task takes them (mode CALLBACK, set by start once this engine is
+        # the one that runs).
+        self._budget_min = conn.budget_min
 
     @classmethod
     def start(
@@ -521,20 +494,19 @@ class PushReceiver(Receiver):
             pause=pause,
         )
         if not transport.start_reading(receiver._on_readable):
-            return None  # (the decoder is left as the pull engine wants it)
+            return None  # (the connection is left as the pull engine wants it)
         receiver._reading = True
-        decoder = receiver._decoder
-        if receiver._account is not None:
-            decoder.hold_reservations = True
-            receiver._account.on_grant = receiver._budget_granted
-        # The frames of a many-frame message are the task's to read (see the module).
-        decoder.defer_many_frames = True
+        # (mode CALLBACK: the frames of a many-frame message are the task's to
+        # read, and a reservation lasts until the task takes its message)
+        conn.start_receiving(_CALLBACK, offload_min=OFFLOAD_MIN, check_every=CHECK_EVERY)
+        if conn.account is not None:
+            conn.on_budget_grant(receiver._budget_granted)
         receiver._resume()  # bytes that came with the peer's preamble
         return receiver
 
     @property
     def at_message_boundary(self) -> bool:
-        return not self._queue and self._decoder.at_message_boundary
+        return not self._queue and self._conn.at_message_boundary
 
     @property
     def ended(self) -> bool:
@@ -570,14 +542,13 @@ class PushReceiver(Receiver):
         got_bytes = self._wake_on_bytes
         conn = self._conn
         get_buffer = conn.get_buffer
-        decoder = self._decoder
         transport = self._transport
         transport.readable()
         receive = transport.receive_into_nowait
         drains = not transport.buffers_data
         try:
             while True:
-                if decoder.waiting_for_budget:
+                if conn.receive_status is _WAIT_BUDGET:
                     self._stop_reading()  # until the budget grants the message
                     break
                 buffer = get_buffer()
@@ -596,7 +567,8 @@ class PushReceiver(Receiver):
                     # The queue is full, or the task reads this message: if the
                     # socket is empty, the task's wake-up is the pass of the loop
                     # after which it looks again (see the module).
-                    if short and (decoder.frame_buffer_due or decoder.many_frames_due):
+                    status = conn.receive_status
+                    if short and (status is _TASK_READS_FRAME or status is _TASK_READS_MANY):
                         transport.readable()
                     break
                 if not n or short:
@@ -609,38 +581,39 @@ class PushReceiver(Receiver):
             or self._end is not None
             or got_bytes
             or self._pulling
-            or (self._wake_on_partial and not decoder.at_message_boundary)
+            or (self._wake_on_partial and not conn.at_message_boundary)
         ):
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
 
     def _decode(self) -> bool:
-        """Queue every message the decoder can complete; return True if the
+        """Queue every message the connection can complete; return True if the
         callback is to stop reading: the queue became full (reading is then
         stopped), or the next message is the task's to read (see the module)."""
         conn = self._conn
         next_message = conn.next_message
         queue = self._queue
-        decoder = self._decoder
         while True:
             while (frames := next_message()) is not None:
                 queue.append(frames)
-                self._queued_bytes += _cost(frames)
+                self._queued_bytes += frames_cost(frames)
                 if self._queued_bytes >= MAX_QUEUED_BYTES or len(queue) >= MAX_QUEUED_MESSAGES:
                     self._paused = True
                     return True
-            if not decoder.decompression_due:
+            status = conn.receive_status
+            if status is not _DECOMPRESS:
                 break
             frames = _decompress_small(conn, self._transport)
             if frames is None:
-                break  # a large one is due: the task runs it (in a thread)
+                status = conn.receive_status  # (a large one is due: the task runs it)
+                break
             queue.append(frames)
-            self._queued_bytes += _cost(frames)
+            self._queued_bytes += frames_cost(frames)
             if self._queued_bytes >= MAX_QUEUED_BYTES or len(queue) >= MAX_QUEUED_MESSAGES:
                 self._paused = True
                 return True
-        if decoder.frame_buffer_due or decoder.many_frames_due or decoder.decompression_due:
+        if status is _TASK_READS_FRAME or status is _TASK_READS_MANY or status is _DECOMPRESS:
             self._pulling = True  # the task reads this message (see the module)
             return True
         return False
@@ -660,7 +633,7 @@ class PushReceiver(Receiver):
                 waiter.set_result(None)
 
     def _resume(self) -> None:
-        """Decode what the decoder already holds, then read from the socket."""
+        """Decode what the connection already holds, then read from the socket."""
         try:
             if self._decode():
                 return
@@ -675,16 +648,15 @@ class PushReceiver(Receiver):
         conn = self._conn
         transport = self._transport
         get_buffer = conn.get_buffer
-        decoder = self._decoder
         drains = not transport.buffers_data
-        decoder.defer_many_frames = False
+        conn.receive_mode = _TASK
         try:
             while (frames := conn.next_message()) is None:
-                if decoder.decompression_due:
+                if conn.receive_status is _DECOMPRESS:
                     frames = _decompress_small(conn, transport)
                     if frames is not None:
                         break
-                    if decoder.decompression_size:
+                    if conn.decompression_size:
                         return None  # a large one is due: the task's wait() runs it
                     continue
                 buffer = get_buffer()
@@ -692,12 +664,10 @@ class PushReceiver(Receiver):
                 if n is None:
                     # (after a short read, without a system call: see
                     # SocketTransport.receive_into_nowait)
-                    if not drains and not (
-                        decoder.frame_buffer_due or decoder.many_frames_due or decoder.packing
-                    ):
+                    if not drains and not conn.packing:
                         # TLS: the callback fills the frame's buffer from now
-                        # on and wakes the task with the whole message (see
-                        # the module).
+                        # on (get_buffer() made it) and wakes the task with the
+                        # whole message (see the module).
                         self._pulling = False
                     return None
                 if n:
@@ -706,11 +676,11 @@ class PushReceiver(Receiver):
                 else:
                     conn.receive_eof()
         finally:
-            decoder.defer_many_frames = True
+            conn.receive_mode = _CALLBACK
         self._pulling = False
-        cost = _cost(frames)
+        cost = frames_cost(frames)
         if cost >= self._budget_min:
-            self._taken(cost)
+            self._conn.message_taken(cost)
         if transport.buffers_data:
             # TLS: what OpenSSL holds makes the socket no more readable: read it now.
             self._resume()
@@ -725,17 +695,8 @@ class PushReceiver(Receiver):
         self._short = self._short and self._pulling
         return frames
 
-    def _taken(self, cost: int) -> None:
-        """A message holding ``cost`` bytes of the budget was taken."""
-        account = self._account
-        assert account is not None
-        if self._keeper is None:
-            account.release(cost)
-        else:
-            account.transfer(cost, self._keeper)
-
     def keep_taken(self, keeper: BudgetAccount) -> None:
-        self._keeper = keeper
+        self._conn.keep_taken(keeper)
 
     def _set_end(self, exc: Exception) -> None:
         """Keep what ended the stream (without its traceback, which holds this
@@ -753,10 +714,10 @@ class PushReceiver(Receiver):
         queue = self._queue
         if queue:
             frames = queue.popleft()
-            cost = _cost(frames)
+            cost = frames_cost(frames)
             self._queued_bytes -= cost
             if cost >= self._budget_min:
-                self._taken(cost)
+                self._conn.message_taken(cost)
             if (
                 self._paused
                 and self._queued_bytes < MAX_QUEUED_BYTES
@@ -765,7 +726,7 @@ class PushReceiver(Receiver):
                 and not self._closed
             ):
                 # The queue was full and is not any more: read again, starting
-                # with what the decoder already holds (the socket may stay quiet).
+                # with what the connection already holds (the socket may stay quiet).
                 self._paused = False
                 if not self._reading:
                     self._reading = self._transport.start_reading(self._on_readable)
@@ -779,7 +740,7 @@ class PushReceiver(Receiver):
                 return self._pull()
             return None
         if isinstance(end, (EndOfData, RemoteProtocolError)):
-            self._conn.next_message()  # the decoder raises it again, as a new exception
+            self._conn.next_message()  # it raises it again, as a new exception
         try:
             raise end
         finally:
@@ -788,9 +749,8 @@ class PushReceiver(Receiver):
     def wait(self) -> Awaitable[None]:
         if self._closed:
             raise ClosedResourceError
-        decoder = self._decoder
-        if self._pulling and decoder.decompression_due:
-            return _decompress_in_thread(decoder, self._transport)
+        if self._pulling and self._conn.receive_status is _DECOMPRESS:
+            return _decompress_in_thread(self._conn, self._transport)
         if self.yield_due:
             # A short read inside the message the task reads: look again after
             # one pass of the event loop (see the module).
@@ -801,7 +761,7 @@ class PushReceiver(Receiver):
         self._pausing = False
         # Called at a message boundary: wake the task if a message begins and is
         # left incomplete. Called inside a message: the comm times it already.
-        self._wake_on_partial = self._timed and self._decoder.at_message_boundary
+        self._wake_on_partial = self._timed and self._conn.at_message_boundary
         if not self._reading and not self._paused:
             # The callback stopped while the task, reading a large frame, was busy.
             self._reading = self._transport.start_reading(self._on_readable)
@@ -822,8 +782,7 @@ class PushReceiver(Receiver):
         # through, which hold this receiver: drop it (no cycle outlives a comm).
         self._end = None
         self._stop_reading()
-        if self._account is not None:
-            self._account.close()
+        self._conn.stop_receiving()
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():
             waiter.set_result(None)

@@ -79,3 +79,59 @@ def test_sansio_core_imports_only_within_itself() -> None:
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom) and node.level:
                 assert node.level == 1, f"{path.name}: from {'.' * node.level}{node.module}"
+
+
+def decoder_uses(source: str, filename: str = "<source>") -> list[str]:
+    """Where ``source`` reaches the frame decoder: imports of its module or class,
+    and ``.decoder`` / ``._decoder`` attributes (on a connection, say)."""
+    found = []
+    for node in ast.walk(ast.parse(source, filename)):
+        line = getattr(node, "lineno", 0)
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if module.split(".")[-1] == "decoder" or any(
+                alias.name in ("decoder", "FrameDecoder") for alias in node.names
+            ):
+                found.append(f"{filename}:{line}: from {'.' * node.level}{module} import")
+        elif isinstance(node, ast.Import):
+            found += [
+                f"{filename}:{line}: import {alias.name}"
+                for alias in node.names
+                if alias.name.split(".")[-1] == "decoder"
+            ]
+        elif isinstance(node, ast.Attribute) and node.attr in ("decoder", "_decoder"):
+            found.append(f"{filename}:{line}: .{node.attr}")
+        elif isinstance(node, ast.Name) and node.id == "FrameDecoder":
+            found.append(f"{filename}:{line}: FrameDecoder")
+    return sorted(found, key=lambda use: int(use.split(":")[1]))
+
+
+def test_decoder_uses_finds_each_way_in() -> None:
+    source = (
+        "from ._sansio.decoder import EndOfData\n"
+        "from anyio_comm._sansio import decoder\n"
+        "import anyio_comm._sansio.decoder\n"
+        "x = conn.decoder.status\n"
+        "y = self._decoder\n"
+        "z: FrameDecoder\n"
+        "ok = conn.receive_status\n"
+    )
+    assert [use.split(": ", 1)[1] for use in decoder_uses(source)] == [
+        "from ._sansio.decoder import",
+        "from anyio_comm._sansio import",
+        "import anyio_comm._sansio.decoder",
+        ".decoder",
+        "._decoder",
+        "FrameDecoder",
+    ]
+
+
+def test_only_the_sansio_core_reaches_the_decoder() -> None:
+    """The frame decoder is the sans-IO connection's own: the receive engines, the
+    comm and everything else ask the ``Connection`` (its receive status and mode,
+    its budget calls), so that a receive feature lands in one place."""
+    uses = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent != PACKAGE / "_sansio":
+            uses += decoder_uses(path.read_text(), str(path.relative_to(PACKAGE)))
+    assert uses == []

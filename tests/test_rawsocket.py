@@ -15,12 +15,13 @@ from anyio.abc import SocketAttribute
 
 import anyio_comm
 from anyio_comm._receivers import (
-    FRAME_COST,
     MAX_QUEUED_BYTES,
     MAX_QUEUED_MESSAGES,
     PullReceiver,
     PushReceiver,
 )
+from anyio_comm._sansio.budget import FRAME_COST
+from anyio_comm._sansio.connection import ReceiveStatus
 from anyio_comm._transports.rawsocket import IOV_MAX, SocketTransport, _LoopReader
 
 from .certs import client_context, server_context
@@ -150,7 +151,9 @@ async def test_push_engine_leaves_large_frames_to_the_task(anyio_backend_name: s
                 await wait_all_tasks_blocked()
             assert not receiver._reading
             assert not receiver._queue
-            assert receiver._conn.decoder.frame_buffer_due  # its buffer is not allocated yet
+            assert (
+                receiver._conn.receive_status is ReceiveStatus.TASK_READS_FRAME
+            )  # its buffer is not allocated yet
             for _ in range(200):
                 with anyio.fail_after(10):
                     (frame,) = await server.receive_frames()
@@ -245,7 +248,7 @@ async def test_push_engine_leaves_many_frame_messages_to_the_task(
                 await wait_all_tasks_blocked()
             assert not receiver._reading
             assert not receiver._queue
-            assert receiver._decoder.many_frames_due
+            assert receiver._conn.receive_status is ReceiveStatus.TASK_READS_MANY
             for _ in range(count):
                 with anyio.fail_after(10):
                     received = await server.receive_frames()

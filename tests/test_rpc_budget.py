@@ -51,7 +51,8 @@ class Methods:
 
 def cost(call: Call) -> int:
     """What the budget counts for ``call``'s message."""
-    return message_cost([len(frame) for frame in Serializer().dumps(call.encode())])
+    frames = Serializer().dumps(call.encode())
+    return message_cost(sum(map(len, frames)), len(frames))
 
 
 def large_calls(first: int, count: int, timeout: float | None = None) -> list[Call]:

@@ -27,7 +27,7 @@ from anyio.streams.tls import TLSAttribute, TLSStream
 
 import anyio_comm
 from anyio_comm import Comm, Limits, RemoteProtocolError
-from anyio_comm._sansio.decoder import DEFAULT_READ_BUFFER_SIZE
+from anyio_comm._sansio.connection import DEFAULT_READ_BUFFER_SIZE
 from anyio_comm._sansio.wire import encode_header, encode_preamble
 from anyio_comm._transports.tls import CHUNK, FIRST_CIPHER_BUFFER
 

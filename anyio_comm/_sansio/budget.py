@@ -51,7 +51,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Final, final
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable
+
+    from .frames import Frames
 
 __all__ = [
     "DEFAULT_RECEIVE_BUDGET",
@@ -59,6 +61,7 @@ __all__ = [
     "FRAME_COST",
     "BudgetAccount",
     "ReceiveBudget",
+    "frames_cost",
     "message_cost",
 ]
 
@@ -74,9 +77,17 @@ DEFAULT_STALL_TIMEOUT: Final = 30.0
 FRAME_COST: Final = 256
 
 
-def message_cost(lengths: Sequence[int]) -> int:
-    """What a message of frames of these lengths holds in memory, as budgeted."""
-    return sum(lengths) + FRAME_COST * len(lengths)
+def message_cost(nbytes: int, frames: int) -> int:
+    """What a message of ``frames`` frames of ``nbytes`` bytes in all holds in
+    memory, as budgeted (and as a push receiver's queue counts it)."""
+    return nbytes + FRAME_COST * frames
+
+
+def frames_cost(frames: Frames) -> int:
+    """:func:`message_cost` of a decoded message."""
+    if isinstance(frames, list):
+        return message_cost(sum(map(len, frames)), len(frames))  # flat views: len() is the size
+    return message_cost(frames.nbytes, len(frames))
 
 
 @final

@@ -50,9 +50,33 @@ Errors are sticky: once :meth:`next_message` raised
 call raises it again; once our side is CLOSED or ERROR, :meth:`send_message`
 raises :exc:`~anyio_comm.LocalProtocolError`.
 
-The per-message methods (:meth:`get_buffer`, :meth:`buffer_updated`,
-:meth:`next_message`) are the decoder's own bound methods: the connection adds
-no call on the per-message path.
+The receive side, as the I/O layer's engines see it (the frame decoder behind
+it is this module's alone): :meth:`start_receiving` says who reads
+(:class:`ReceiveMode`: a task that takes each message as it completes, PULL;
+an event-loop callback that queues them, CALLBACK; the task of such a reader
+reading a message the callback left to it, TASK). When :attr:`next_message`
+returns ``None``, :attr:`receive_status` says what it waits for::
+
+    NEED_DATA --a message over the budget's free bytes--> WAIT_BUDGET
+    NEED_DATA --a frame read directly into its buffer---> TASK_READS_FRAME
+    NEED_DATA --many-frame message, in mode CALLBACK----> TASK_READS_MANY
+    NEED_DATA --a compressed frame left to the I/O layer> DECOMPRESS
+    any       --the stream's end, a protocol error------> ENDED (for good)
+
+    WAIT_BUDGET      --the budget grants it (on_budget_grant)--> NEED_DATA
+    TASK_READS_FRAME --get_buffer() hands out its buffer-------> NEED_DATA
+    TASK_READS_MANY  --next_message() in mode TASK-------------> NEED_DATA
+    DECOMPRESS       --decompress()----------------------------> NEED_DATA
+
+A message costing at least :attr:`budget_min` holds a reservation of the
+receive budget from its header on: in mode PULL until it completes, else until
+the I/O layer reports it taken (:attr:`message_taken`); :meth:`keep_taken`
+hands those reservations to another account instead, and
+:meth:`stop_receiving` leaves the budget.
+
+The per-message methods (:attr:`get_buffer`, :attr:`buffer_updated`,
+:attr:`next_message`, :attr:`message_taken`) are the decoder's own bound
+methods: the connection adds no call on the per-message path.
 """
 
 from __future__ import annotations
@@ -63,8 +87,14 @@ from typing import TYPE_CHECKING
 
 from .close import CLOSE_MARKER, CloseReason, encode_close_record
 from .compression import CODEC_SHIFT, LENGTH_MASK, Compressor, check_codecs
-from .decoder import DEFAULT_READ_BUFFER_SIZE, EndOfData, FrameDecoder
-from .errors import LocalProtocolError
+from .decoder import (
+    DEFAULT_READ_BUFFER_SIZE,
+    FrameDecoder,
+    ReceiveMode,
+    ReceiveStatus,
+    check_read_buffer_size,
+)
+from .errors import EndOfData, LocalProtocolError
 from .wire import (
     PROTOCOL_VERSION,
     Capability,
@@ -83,9 +113,18 @@ if TYPE_CHECKING:
     from ._buffer import Buffer
     from .budget import BudgetAccount
     from .buffers import Allocator
+    from .errors import RemoteProtocolError
     from .frames import Frames
 
-__all__ = ["Connection", "ConnectionState"]
+__all__ = [
+    "DEFAULT_READ_BUFFER_SIZE",
+    "Connection",
+    "ConnectionState",
+    "EndOfData",
+    "ReceiveMode",
+    "ReceiveStatus",
+    "check_read_buffer_size",
+]
 
 
 class ConnectionState(enum.Enum):
@@ -140,6 +179,7 @@ class Connection:
         "_version",
         "buffer_updated",
         "get_buffer",
+        "message_taken",
         "next_message",
         "on_peer",
     )
@@ -156,6 +196,10 @@ class Connection:
     #: RemoteProtocolError (a header over our limits) or EndOfData (the stream
     #: ended), again on every later call; RuntimeError before the handshake.
     next_message: Callable[[], Frames | None]
+    #: ``message_taken(cost)``: a message holding ``cost`` bytes of the receive
+    #: budget (at least :attr:`budget_min`) was taken from a queue (modes CALLBACK
+    #: and TASK; in PULL the reservation ends as the message completes)
+    message_taken: Callable[[int], None]
 
     def __init__(
         self,
@@ -192,6 +236,7 @@ class Connection:
         self.get_buffer = decoder.get_buffer
         self.buffer_updated = decoder.buffer_updated
         self.next_message = decoder.next_message
+        self.message_taken = decoder.message_taken
         self._our_state = _OPEN
         self._peer: Handshake | None = None
         # messages may be sent before the peer's preamble arrived
@@ -253,14 +298,110 @@ class Connection:
         """True when no part of a message from the peer is buffered."""
         return self._decoder.at_message_boundary
 
-    @property
-    def decoder(self) -> FrameDecoder:
-        """The frame decoder behind :attr:`get_buffer` and :attr:`next_message`; its
-        :attr:`~FrameDecoder.frame_buffer_due` says the next :attr:`get_buffer`
-        allocates a large frame's buffer."""
-        return self._decoder
-
     # -- receiving -----------------------------------------------------------
+
+    def start_receiving(self, mode: ReceiveMode, *, offload_min: int, check_every: int) -> None:
+        """Set who reads (see :class:`ReceiveMode`; switch it later with
+        :attr:`receive_mode`) and which compressed frames are left to the I/O
+        layer to decompress (status DECOMPRESS): those of ``offload_min`` bytes
+        and more (decompressed), and the next one after ``check_every`` bytes were
+        decompressed by :meth:`next_message` itself."""
+        decoder = self._decoder
+        decoder.mode = mode
+        decoder.offload_min = offload_min
+        decoder.check_every = check_every
+
+    @property
+    def receive_mode(self) -> ReceiveMode:
+        """Who reads: see :class:`ReceiveMode`."""
+        return self._decoder.mode
+
+    @receive_mode.setter
+    def receive_mode(self, mode: ReceiveMode) -> None:
+        self._decoder.mode = mode
+
+    @property
+    def receive_status(self) -> ReceiveStatus:
+        """What the receive side waits for once :attr:`next_message` returned
+        ``None``: see :class:`ReceiveStatus`."""
+        return self._decoder.status
+
+    @property
+    def received_in_message(self) -> int:
+        """Bytes of the message being received that arrived (0 between messages)."""
+        return self._decoder.received_in_message
+
+    @property
+    def packing(self) -> bool:
+        """True while a many-frame message is received (its short frames packed)."""
+        return self._decoder.packing
+
+    @property
+    def end_error(self) -> RemoteProtocolError | EndOfData | None:
+        """What ended the peer's stream (what :attr:`next_message` raised), or ``None``."""
+        return self._decoder.end_error
+
+    @property
+    def decompression_size(self) -> int:
+        """The length of the frame status DECOMPRESS waits for (0: none)."""
+        return self._decoder.decompression_size
+
+    def prepare_decompression(self) -> None:
+        """Allocate the buffer of the frame status DECOMPRESS waits for (in the
+        event loop's thread, when the frame is wanted), before :meth:`decompress`.
+
+        Raises:
+            RuntimeError: no decompression is due.
+            MemoryError: as the allocator raises it.
+        """
+        self._decoder.prepare_decompression()
+
+    def decompress(self) -> None:
+        """Run the decompression status DECOMPRESS waits for (in another thread if
+        need be: nothing else may call this connection meanwhile). It raises
+        nothing: bytes that do not decompress make the next :attr:`next_message`
+        raise :exc:`~anyio_comm.RemoteProtocolError`.
+
+        Raises:
+            RuntimeError: no decompression is due.
+        """
+        self._decoder.decompress()
+
+    # -- the receive budget ----------------------------------------------------
+
+    @property
+    def account(self) -> BudgetAccount | None:
+        """The receive budget's account that messages are reserved from (``None``:
+        no budget)."""
+        return self._decoder.account
+
+    @property
+    def budget_min(self) -> int:
+        """Messages costing at least this (their bytes and
+        :data:`~anyio_comm._sansio.budget.FRAME_COST` per frame) hold a
+        reservation of the receive budget from their header until taken; with no
+        budget, no message does."""
+        return self._decoder.budget_min
+
+    def on_budget_grant(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` when the budget grants the message that waits for
+        it (status WAIT_BUDGET). Only with a budget."""
+        account = self._decoder.account
+        assert account is not None
+        account.on_grant = callback
+
+    def keep_taken(self, keeper: BudgetAccount) -> None:
+        """From now on, hand the reservation of each message taken to ``keeper``
+        (an account of the same budget, whose owner releases it) instead of
+        giving it back. Only with a budget."""
+        self._decoder.keep_taken(keeper)
+
+    def stop_receiving(self) -> None:
+        """Leave the receive budget (its account drops every callback into this
+        connection and the I/O layer): the last call of a closing receiver."""
+        account = self._decoder.account
+        if account is not None:
+            account.close()
 
     def receive_data(self, data: bytes | bytearray | memoryview) -> None:
         """Copy ``data`` in (for I/O that hands out ``bytes``); then drain with

@@ -29,7 +29,7 @@ There are two places bytes can land:
   starts (never before its header passed the limits). A frame that is not
   whole in the read-ahead buffer and would be read directly (see below) gets
   its buffer only at the next :meth:`get_buffer`, when the I/O layer is about
-  to read into it (:attr:`frame_buffer_due` says so beforehand: a
+  to read into it (:attr:`~FrameDecoder.status` TASK_READS_FRAME says so beforehand: a
   callback-driven reader can leave that read to the task that consumes the
   message, so that a large buffer is allocated when it is wanted).
   When the read-ahead buffer is empty and at least ``direct_threshold`` bytes of the current frame
@@ -57,7 +57,7 @@ the frame. What a message of compressed frames holds is bounded by the limits,
 not by the bytes that arrived (``received_in_message`` counts the latter).
 A frame of :attr:`~FrameDecoder.offload_min` bytes or more is not decompressed
 by :meth:`~FrameDecoder.next_message`: it stops there with
-:attr:`~FrameDecoder.decompression_due` set, and the I/O layer runs
+:attr:`~FrameDecoder.status` DECOMPRESS, and the I/O layer runs
 :meth:`~FrameDecoder.decompress`, in a worker thread say (the decoder is not
 touched meanwhile), then calls :meth:`~FrameDecoder.next_message` again.
 
@@ -71,8 +71,8 @@ PACKED: those short frames go back to back into one buffer, where they stay:
 the message is delivered as a :class:`~anyio_comm._sansio.frames.PackedFrames`
 (16 bytes of bookkeeping per frame; a short frame's view is made when it is
 indexed). Its frames of 64 bytes and more get frame objects of their own, less
-than 8 times what they take on the wire (6.1 times at 64 bytes). With
-:attr:`FrameDecoder.defer_many_frames` set (the push engine does) the frames
+than 8 times what they take on the wire (6.1 times at 64 bytes). In
+:attr:`~FrameDecoder.mode` CALLBACK (the push engine's callback) the frames
 of such a message are not read before the task that takes the message asks for
 it. So, without compressed frames, what a message holds from its first header
 byte until it is delivered and after (its frames as ``receive_frames()``
@@ -104,11 +104,11 @@ from functools import partial
 from itertools import accumulate
 from typing import TYPE_CHECKING, Final, NoReturn
 
-from .budget import FRAME_COST, BudgetAccount
+from .budget import BudgetAccount, message_cost
 from .buffers import Allocator, allocate, default_allocator
-from .close import CLOSE_MARKER, CloseReason, parse_close_record
+from .close import CLOSE_MARKER, parse_close_record
 from .compression import CODEC_SHIFT, CODECS, LENGTH_MASK, decompress_into
-from .errors import RemoteProtocolError
+from .errors import EndOfData, RemoteProtocolError
 from .frames import PACK_BELOW, Frames, PackedFrames
 from .pool import ALIGNMENT, BufferPool
 from .wire import (
@@ -134,7 +134,14 @@ from .wire import (
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-__all__ = ["DEFAULT_READ_BUFFER_SIZE", "PREAMBLE_BUFFER_SIZE", "EndOfData", "FrameDecoder"]
+__all__ = [
+    "DEFAULT_READ_BUFFER_SIZE",
+    "PREAMBLE_BUFFER_SIZE",
+    "EndOfData",
+    "FrameDecoder",
+    "ReceiveMode",
+    "ReceiveStatus",
+]
 
 DEFAULT_READ_BUFFER_SIZE: Final = 64 * 1024
 MIN_READ_BUFFER_SIZE: Final = 4096
@@ -150,25 +157,6 @@ def check_read_buffer_size(read_buffer_size: int) -> None:
         raise ValueError(
             f"read_buffer_size must be at least {MIN_READ_BUFFER_SIZE}, got {read_buffer_size}"
         )
-
-
-class EndOfData(Exception):
-    """The byte stream ended (the I/O layer called ``receive_eof``), or the peer
-    sent a close record.
-
-    Attributes:
-        truncated: ``False`` when the stream ended cleanly between messages (or
-            at a close record); ``True`` when it ended inside a preamble, a
-            message or a close record.
-        reason: what the peer's close record said, if it sent one.
-    """
-
-    def __init__(
-        self, message: str, *, truncated: bool, reason: CloseReason | None = None
-    ) -> None:
-        super().__init__(message)
-        self.truncated = truncated
-        self.reason = reason
 
 
 class _State(enum.Enum):
@@ -188,6 +176,55 @@ _LENGTHS: Final = _State.LENGTHS
 _FRAME: Final = _State.FRAME
 _PACKED: Final = _State.PACKED
 _ENDED: Final = _State.ENDED
+
+
+class ReceiveStatus(enum.Enum):
+    """What the receive side waits for once :meth:`FrameDecoder.next_message`
+    returned ``None`` (:attr:`FrameDecoder.status`)."""
+
+    #: bytes: read into :meth:`~FrameDecoder.get_buffer`
+    NEED_DATA = "need data"
+    #: the message's reservation waits in the receive budget's line: read nothing
+    #: until the account grants it (its ``on_grant``)
+    WAIT_BUDGET = "waiting for the receive budget"
+    #: a frame whose rest is read directly into its own buffer: the next
+    #: :meth:`~FrameDecoder.get_buffer` allocates that buffer and hands it out (a
+    #: callback-driven reader leaves that read to the task that takes the message)
+    TASK_READS_FRAME = "a large frame to read"
+    #: (mode CALLBACK) the frames of a many-frame message wait for a
+    #: :meth:`~FrameDecoder.next_message` in mode TASK (the read-ahead buffer may
+    #: be full of them: call nothing else before)
+    TASK_READS_MANY = "the frames of a many-frame message to read"
+    #: a compressed frame waits for :meth:`~FrameDecoder.decompress` (after
+    #: :meth:`~FrameDecoder.prepare_decompression`): call nothing else before
+    DECOMPRESS = "a frame to decompress"
+    #: the stream ended: every call raises what ended it again
+    ENDED = "ended"
+
+
+class ReceiveMode(enum.Enum):
+    """Who reads (:attr:`FrameDecoder.mode`), and so what the decoder leaves to
+    whom."""
+
+    #: a task reads and takes each message as it completes: the message's
+    #: reservation of the budget is given back then (or to the keeper)
+    PULL = "pull"
+    #: an event-loop callback reads into a queue: a many-frame message's frames
+    #: are left to the task (TASK_READS_MANY), and a reservation stays until the
+    #: message is taken (:meth:`FrameDecoder.message_taken`)
+    CALLBACK = "callback"
+    #: the task of a callback-driven reader reads a message left to it: every
+    #: frame is read; reservations stay until taken, as in CALLBACK
+    TASK = "task"
+
+
+_NEED_DATA: Final = ReceiveStatus.NEED_DATA
+_WAIT_BUDGET: Final = ReceiveStatus.WAIT_BUDGET
+_TASK_READS_FRAME: Final = ReceiveStatus.TASK_READS_FRAME
+_TASK_READS_MANY: Final = ReceiveStatus.TASK_READS_MANY
+_DECOMPRESS: Final = ReceiveStatus.DECOMPRESS
+_PULL: Final = ReceiveMode.PULL
+_CALLBACK: Final = ReceiveMode.CALLBACK
 
 
 def _describe(data: memoryview) -> str:
@@ -238,6 +275,7 @@ class FrameDecoder:
         "_filled",
         "_frames",
         "_index",
+        "_keeper",
         "_lengths",
         "_limits",
         "_pool",
@@ -258,14 +296,10 @@ class FrameDecoder:
         "_zphase",
         "budget_min",
         "check_every",
-        "decompression_due",
-        "defer_many_frames",
-        "frame_buffer_due",
-        "hold_reservations",
-        "many_frames_due",
+        "mode",
         "offload_min",
         "on_handshake",
-        "waiting_for_budget",
+        "status",
     )
 
     def __init__(
@@ -290,7 +324,7 @@ class FrameDecoder:
         # the compressed frames of the message being received: index -> codec
         # (None: it has none); the phase of the one being read: 0 none, 1 its
         # compressed length, 2 its compressed bytes, 3 its decompression (left
-        # to the I/O layer: see decompression_due; then the frame is _target)
+        # to the I/O layer: status DECOMPRESS; then the frame is _target)
         self._zcodecs: dict[int, int] | None = None
         self._zphase = 0
         # the decompression left to the I/O layer: codec, compressed bytes,
@@ -302,7 +336,7 @@ class FrameDecoder:
         self._zinline = 0
         #: compressed frames of at least this length (decompressed) are not
         #: decompressed here: :meth:`next_message` stops with
-        #: :attr:`decompression_due` set, and the I/O layer runs
+        #: :attr:`status` DECOMPRESS, and the I/O layer runs
         #: :meth:`decompress` (in a worker thread, say) before it calls
         #: :meth:`next_message` again
         self.offload_min = LENGTH_MASK + 1
@@ -310,9 +344,10 @@ class FrameDecoder:
         #: decompressed here since the I/O layer last ran one (so that it can
         #: check from time to time that the peer is still there)
         self.check_every = LENGTH_MASK + 1
-        #: a compressed frame waits for :meth:`decompress` (see :attr:`offload_min`):
-        #: call nothing else on this decoder (not even :meth:`get_buffer`) before
-        self.decompression_due = False
+        #: what :meth:`next_message` waits for when it returns ``None``
+        self.status = _NEED_DATA
+        #: who reads (see :class:`ReceiveMode`)
+        self.mode = _PULL
         # what the message's compressed frames took on the wire, less what they
         # count as (their decompressed lengths, their prefix in _filled)
         self._zadjust = 0
@@ -362,36 +397,20 @@ class FrameDecoder:
         # taken so far.
         self._small = bytearray()
         self._index = 0
-        #: True: :meth:`next_message` leaves the frames of a many-frame message
-        #: (see the module) to be read later: it stops after their header and sets
-        #: :attr:`many_frames_due`, until this is False again (a callback-driven
-        #: reader leaves them to the task that takes the message, so that no
-        #: queue holds such a message)
-        self.defer_many_frames = False
-        #: a message's many frames wait for a :meth:`next_message` call with
-        #: :attr:`defer_many_frames` False (the read-ahead buffer may be full of
-        #: them: do not call :meth:`get_buffer` before)
-        self.many_frames_due = False
-        #: the next :meth:`get_buffer` allocates a frame's buffer (the frame is not
-        #: whole in the read-ahead buffer and its rest will be read directly into it)
-        self.frame_buffer_due = False
         self._account = account
         if account is not None:
             # the budget's stall check: bytes of the message being received
             account.progress = lambda: self.received_in_message
-        #: messages costing at least this are reserved from the budget; no message
-        #: the fast paths of next_message() take (whole in the read-ahead buffer,
-        #: at most SMALL_COUNT frames) costs that much
-        self.budget_min = read_buffer_size + FRAME_COST * SMALL_COUNT
+        #: messages costing at least this are reserved from the budget (none
+        #: without one); no message the fast paths of next_message() take (whole
+        #: in the read-ahead buffer, at most SMALL_COUNT frames) costs that much
+        self.budget_min = (
+            message_cost(read_buffer_size, SMALL_COUNT) if account is not None else 1 << 64
+        )
         # the budget reserved for the message being received
         self._reserved = 0
-        #: the message's reservation waits in the budget's line: do not read (the
-        #: I/O layer waits for the account's on_grant)
-        self.waiting_for_budget = False
-        #: False: a reservation is released when its message is complete (the
-        #: pull engine returns it at once); True: the I/O layer releases it when
-        #: the application takes the message (a queue between them)
-        self.hold_reservations = False
+        # the account that the reservations of taken messages go to (see keep_taken)
+        self._keeper: BudgetAccount | None = None
         #: ``None``: :meth:`next_message` wants :meth:`next_handshake` called
         #: first; else :meth:`next_message` parses the preamble itself and calls
         #: this with the peer's handshake (a side that sent messages before the
@@ -444,12 +463,12 @@ class FrameDecoder:
 
     @property
     def decompression_size(self) -> int:
-        """The length of the frame :attr:`decompression_due` waits for (0: none)."""
+        """The length of the frame status DECOMPRESS waits for (0: none)."""
         job = self._zjob
         return 0 if job is None else job[2]
 
     def prepare_decompression(self) -> None:
-        """Allocate the buffer of the frame :attr:`decompression_due` waits for,
+        """Allocate the buffer of the frame status DECOMPRESS waits for,
         unless :meth:`decompress` may do it in another thread (the default
         allocator: then it does, the zeroing of a ``bytearray`` being work too).
         Call it in the event loop's thread, when the frame is wanted (the
@@ -466,7 +485,7 @@ class FrameDecoder:
             self._zjob = (*job[:3], allocate(self._allocator, job[2]))
 
     def decompress(self) -> None:
-        """Run the decompression :attr:`decompression_due` announced (after
+        """Run the decompression status DECOMPRESS announced (after
         :meth:`prepare_decompression`).
 
         It may run in another thread, provided nothing else calls this
@@ -496,7 +515,28 @@ class FrameDecoder:
         if frame is not None and self._state is not _ENDED:
             self._target = frame
             self._filled = length
-        self.decompression_due = False
+        if self.status is _DECOMPRESS:
+            self.status = _NEED_DATA
+
+    # -- the receive budget -------------------------------------------------
+
+    def message_taken(self, cost: int) -> None:
+        """A message that held ``cost`` bytes of the budget (at least
+        :attr:`budget_min`) was taken: give them back, or hand them to the
+        keeper (see :meth:`keep_taken`). The decoder calls it itself in mode
+        PULL, as the message completes."""
+        account = self._account
+        assert account is not None
+        keeper = self._keeper
+        if keeper is None:
+            account.release(cost)
+        else:
+            account.transfer(cost, keeper)
+
+    def keep_taken(self, keeper: BudgetAccount) -> None:
+        """From now on, hand the reservation of each message taken to ``keeper``
+        (an account of the same budget) instead of giving it back."""
+        self._keeper = keeper
 
     # -- feeding -----------------------------------------------------------
 
@@ -514,7 +554,7 @@ class FrameDecoder:
             self._start = self._end = 0  # after the end nothing is parsed: discard
             return self._view
         target = self._target
-        if self.frame_buffer_due:
+        if self.status is _TASK_READS_FRAME:
             target = self._start_frame()
         if target is not None and self._start == self._end:
             missing = target.nbytes - self._filled
@@ -744,15 +784,16 @@ class FrameDecoder:
     def _next_message(self) -> Frames | None:
         """The general path of :meth:`next_message`: any state, any message shape."""
         state = self._state
-        if self.decompression_due:
-            return None  # the I/O layer runs decompress() first
-        if self._zerror is not None:
-            raise self._zerror
-        if self.waiting_for_budget:
-            if self._account is not None and self._account.wanted:
+        status = self.status
+        if status is not _NEED_DATA:
+            if status is _DECOMPRESS:
+                return None  # the I/O layer runs decompress() first
+            if status is _WAIT_BUDGET and self._account is not None and self._account.wanted:
                 self._check_eof("a message")
                 return None  # still in the budget's line
-            self.waiting_for_budget = False
+            self.status = _NEED_DATA  # (what still holds is found again below)
+        if self._zerror is not None:
+            raise self._zerror
         view = self._view
         while True:
             if state is _COUNT:
@@ -777,7 +818,7 @@ class FrameDecoder:
                 if avail - 4 >= need:
                     self._start = start + 4 + need
                     self._begin_frames(unpack_lengths(view, start + 4, count))
-                    if self.waiting_for_budget:
+                    if self.status is _WAIT_BUDGET:
                         return None
                 else:
                     self._start = start + 4
@@ -811,7 +852,7 @@ class FrameDecoder:
                     # Its rest will be read directly into its buffer: allocate that
                     # buffer at the next get_buffer(), when the bytes are wanted.
                     self._check_eof("a message")
-                    self.frame_buffer_due = True
+                    self.status = _TASK_READS_FRAME
                     return None
                 target = self._target = allocate(self._allocator, length)
                 self._filled = 0
@@ -828,7 +869,7 @@ class FrameDecoder:
                     continue  # its compressed bytes are the target now
             if state is _LENGTHS:
                 self._begin_frames(unpack_lengths(target, 0, target.nbytes // 8))
-                if self.waiting_for_budget:
+                if self.status is _WAIT_BUDGET:
                     return None
                 state = self._state
                 continue
@@ -874,7 +915,7 @@ class FrameDecoder:
         return True
 
     def _start_frame(self) -> memoryview:
-        """Allocate the buffer of the frame :attr:`frame_buffer_due` announced and
+        """Allocate the buffer of the frame status TASK_READS_FRAME announced and
         move the part of it in the read-ahead buffer there (all of that buffer's
         bytes: they are this frame's, and more of it is missing)."""
         index = self._index if self._state is _PACKED else len(self._frames)
@@ -891,7 +932,7 @@ class FrameDecoder:
                 positions = self._positions = list(accumulate(lengths, initial=start))
             target = allocate(partial(pool.aligned, phase=positions[index] % ALIGNMENT), length)
         self._target = target
-        self.frame_buffer_due = False
+        self.status = _NEED_DATA
         start = self._start
         taken = self._end - start
         if taken:
@@ -933,11 +974,11 @@ class FrameDecoder:
         self._state = _PACKED if packed else _FRAME
         account = self._account
         if account is not None:
-            cost = total + FRAME_COST * len(lengths)
+            cost = message_cost(total, len(lengths))
             if cost >= self.budget_min:
                 self._reserved = cost
                 if not account.reserve(cost):
-                    self.waiting_for_budget = True
+                    self.status = _WAIT_BUDGET
 
     def _split_codecs(self, entries: tuple[int, ...]) -> tuple[int, ...]:
         """The frame lengths of a length table with compressed frames (their codec
@@ -976,7 +1017,7 @@ class FrameDecoder:
     def _compressed_step(self, target: memoryview, index: int) -> memoryview | None:
         """A compressed frame's ``target`` is full: after its compressed length, the
         target of its compressed bytes (``None`` returned); after those, its
-        decompressed frame, or ``None`` with :attr:`decompression_due` set (the
+        decompressed frame, or ``None`` with status DECOMPRESS (the
         I/O layer decompresses it); after that, the frame ``target`` is.
 
         Raises:
@@ -1009,7 +1050,7 @@ class FrameDecoder:
             self._zjob = (codec, target, length, None)
             self._zphase = 3
             self._zinline = 0
-            self.decompression_due = True
+            self.status = _DECOMPRESS
             return None
         self._zinline += length
         frame = allocate(self._allocator, length)
@@ -1023,10 +1064,9 @@ class FrameDecoder:
     def _fill_packed(self) -> PackedFrames | None:
         """Take the frames of a many-frame message (state PACKED): those shorter than
         PACK_BELOW into ``_small``, the others into buffers of their own."""
-        if self.defer_many_frames:
-            self.many_frames_due = True
+        if self.mode is _CALLBACK:
+            self.status = _TASK_READS_MANY
             return None
-        self.many_frames_due = False
         lengths = self._lengths
         count = len(lengths)
         view = self._view
@@ -1093,7 +1133,7 @@ class FrameDecoder:
                 self._index = index + 1
             elif length - avail >= self._direct_threshold:
                 self._check_eof("a message")
-                self.frame_buffer_due = True
+                self.status = _TASK_READS_FRAME
                 return None
             else:
                 self._target = allocate(self._allocator, length)
@@ -1110,11 +1150,10 @@ class FrameDecoder:
 
     def _finish_message(self) -> list[memoryview]:
         """End the message (its frames are complete) and return ``_frames``."""
-        if self._reserved:
-            if not self.hold_reservations:
-                account = self._account
-                assert account is not None
-                account.release(self._reserved)
+        reserved = self._reserved
+        if reserved:
+            if self.mode is _PULL:  # (else the I/O layer's message_taken() does)
+                self.message_taken(reserved)
             self._reserved = 0
         frames = self._frames
         self._frames = []
@@ -1140,13 +1179,12 @@ class FrameDecoder:
             else:
                 account.release(self._reserved)
             self._reserved = 0
-            self.waiting_for_budget = False
+        self.status = ReceiveStatus.ENDED
         self._target = None
         self._zphase = 0
         self._zcodecs = None
         self._zadjust = 0
         self._zjob = self._zerror = None
-        self.frame_buffer_due = self.many_frames_due = self.decompression_due = False
         self._frames = []
         self._small = bytearray()
         self._index = 0

@@ -8,10 +8,14 @@ from as their ``__module__`` (:func:`set_public_module`): a traceback reads
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from .close import CloseReason
 
 __all__ = [
     "CommError",
+    "EndOfData",
     "LocalProtocolError",
     "ProtocolError",
     "RemoteProtocolError",
@@ -121,3 +125,22 @@ set_public_module(
     RemoteProtocolError,
     SerializationError,
 )
+
+
+class EndOfData(Exception):
+    """The byte stream ended (the I/O layer called ``receive_eof``), or the peer
+    sent a close record.
+
+    Attributes:
+        truncated: ``False`` when the stream ended cleanly between messages (or
+            at a close record); ``True`` when it ended inside a preamble, a
+            message or a close record.
+        reason: what the peer's close record said, if it sent one.
+    """
+
+    def __init__(
+        self, message: str, *, truncated: bool, reason: CloseReason | None = None
+    ) -> None:
+        super().__init__(message)
+        self.truncated = truncated
+        self.reason = reason

@@ -10,7 +10,7 @@ import pytest
 from anyio_comm import Limits, ReceiveBudget
 from anyio_comm._sansio.budget import FRAME_COST, message_cost
 from anyio_comm._sansio.buffers import LAZY_COMMIT_SIZE, default_allocator
-from anyio_comm._sansio.decoder import EndOfData, FrameDecoder
+from anyio_comm._sansio.decoder import EndOfData, FrameDecoder, ReceiveMode, ReceiveStatus
 from anyio_comm._sansio.errors import RemoteProtocolError
 from anyio_comm._sansio.wire import encode_header, encode_preamble
 
@@ -230,7 +230,7 @@ def test_small_messages_are_not_reserved() -> None:
     budget = ReceiveBudget(0)
     decoder = decoder_for(budget)
     small = 1000
-    assert message_cost([small]) < decoder.budget_min
+    assert message_cost(small, 1) < decoder.budget_min
     decoder.feed(header(small) + b"x" * small)
     assert decoder.next_message() is not None
     assert budget.in_use == 0
@@ -242,7 +242,7 @@ def test_large_message_is_reserved_at_its_header_and_released_when_complete() ->
     size = 1 * MiB
     decoder.feed(header(size, 5))
     assert decoder.next_message() is None
-    assert budget.in_use == message_cost([size, 5]) == size + 5 + 2 * FRAME_COST
+    assert budget.in_use == message_cost(size + 5, 2) == size + 5 + 2 * FRAME_COST
     assert decoder.received_in_message == 4 + 16
     decoder.feed(b"a" * 100_000)
     assert decoder.next_message() is None
@@ -264,13 +264,12 @@ def test_a_message_waiting_for_budget_is_not_started() -> None:
     decoder.account.on_grant = lambda: granted.append(True)
     decoder.feed(header(1 * MiB) + b"z" * 1000)
     assert decoder.next_message() is None
-    assert decoder.waiting_for_budget
-    assert not decoder.frame_buffer_due  # nothing allocated while waiting
+    assert decoder.status is ReceiveStatus.WAIT_BUDGET  # nothing allocated while waiting
     assert decoder.next_message() is None  # still in line
     holder.release(2 * MiB)
     assert granted == [True]
     assert decoder.next_message() is None  # the message goes on
-    assert not decoder.waiting_for_budget
+    assert decoder.status is ReceiveStatus.TASK_READS_FRAME
     decoder.feed(b"z" * (MiB - 1000))
     frames = decoder.next_message()
     assert frames is not None and len(frames[0]) == MiB
@@ -280,9 +279,11 @@ def test_a_message_waiting_for_budget_is_not_started() -> None:
 def test_held_reservations_are_left_to_the_io_layer() -> None:
     budget = ReceiveBudget(10 * MiB)
     decoder = decoder_for(budget)
-    decoder.hold_reservations = True
+    decoder.mode = ReceiveMode.TASK
     assert len(pump(decoder, header(MiB) + b"q" * MiB)) == 1
-    assert budget.in_use == message_cost([MiB])  # the queue releases it when taken
+    assert budget.in_use == message_cost(MiB, 1)  # the queue releases it when taken
+    decoder.message_taken(message_cost(MiB, 1))
+    assert budget.in_use == 0
 
 
 @pytest.mark.parametrize("waiting", [False, True])
@@ -294,7 +295,7 @@ def test_end_of_stream_gives_the_reservation_back(waiting: bool) -> None:
     decoder = decoder_for(budget)
     decoder.feed(header(MiB) + b"x" * 10)
     assert decoder.next_message() is None
-    assert decoder.waiting_for_budget is waiting
+    assert (decoder.status is ReceiveStatus.WAIT_BUDGET) is waiting
     decoder.receive_eof()
     with pytest.raises(EndOfData):
         decoder.next_message()

@@ -13,8 +13,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from anyio_comm import Limits, RemoteProtocolError
-from anyio_comm._sansio.compression import MIN_COMPRESSED_SIZE, Compressor, check_codecs
-from anyio_comm._sansio.connection import Connection
+from anyio_comm._sansio.compression import (
+    LENGTH_MASK,
+    MIN_COMPRESSED_SIZE,
+    Compressor,
+    check_codecs,
+)
+from anyio_comm._sansio.connection import Connection, ReceiveMode, ReceiveStatus
 from anyio_comm._sansio.decoder import FrameDecoder
 from anyio_comm._sansio.pool import BufferPool
 from anyio_comm._sansio.wire import Capability, encode_header, encode_preamble
@@ -51,12 +56,13 @@ def receive(conn: Connection, data: bytes, chunks: list[int]) -> list[list[bytes
     messages = []
     view = memoryview(data)
     i = 0
-    decoder = conn.decoder
     while True:
-        while (frames := conn.next_message()) is not None or decoder.decompression_due:
+        while (frames := conn.next_message()) is not None or (
+            conn.receive_status is ReceiveStatus.DECOMPRESS
+        ):
             if frames is None:  # (as the I/O layer does, in a worker thread say)
-                decoder.prepare_decompression()
-                decoder.decompress()
+                conn.prepare_decompression()
+                conn.decompress()
             else:
                 messages.append([bytes(frame) for frame in frames])
         if not view:
@@ -164,10 +170,12 @@ def test_round_trip_in_any_chunking(
     sender, receiver = connected(
         (codec,), ("lz4", "zstd"), read_buffer_size=read_buffer_size, allocator=allocator
     )
-    if offload_min is not None:
-        receiver.decoder.offload_min = offload_min
-    if check_every is not None:
-        receiver.decoder.check_every = check_every
+    if offload_min is not None or check_every is not None:
+        receiver.start_receiving(
+            ReceiveMode.PULL,
+            offload_min=LENGTH_MASK + 1 if offload_min is None else offload_min,
+            check_every=LENGTH_MASK + 1 if check_every is None else check_every,
+        )
     # The reference sender compresses nothing under 64 KiB; the protocol allows any
     # frame of 2 bytes or more, which the receiver must read in any message.
     sender._compressor = Compressor(codec, min_size=2)
@@ -336,7 +344,7 @@ def test_a_large_frame_is_decompressed_when_the_io_layer_says() -> None:
     data = bytes(150_000) + text(20_000)  # (compressed, less than the read-ahead buffer)
     decoder = decoder_after_preamble()
     decoder.offload_min = 100_000
-    assert not decoder.decompression_due and decoder.decompression_size == 0
+    assert decoder.status is not ReceiveStatus.DECOMPRESS and decoder.decompression_size == 0
     with pytest.raises(RuntimeError, match="no decompression is due"):
         decoder.decompress()
     decoder.feed(
@@ -344,12 +352,14 @@ def test_a_large_frame_is_decompressed_when_the_io_layer_says() -> None:
     )
     for _ in range(3):
         assert decoder.next_message() is None
-        assert decoder.decompression_due and decoder.decompression_size == len(data)
+        assert decoder.status is ReceiveStatus.DECOMPRESS and decoder.decompression_size == len(
+            data
+        )
     decoder.prepare_decompression()
     worker = threading.Thread(target=decoder.decompress)
     worker.start()
     worker.join()
-    assert not decoder.decompression_due
+    assert decoder.status is not ReceiveStatus.DECOMPRESS
     assert decoder.next_message() == [data]
     assert decoder.next_message() == [bytes(1000)]  # short: decompressed in next_message()
     assert decoder.at_message_boundary
@@ -359,7 +369,7 @@ def test_a_bad_frame_left_to_the_io_layer_fails_the_next_call() -> None:
     decoder = decoder_after_preamble()
     decoder.offload_min = 64
     decoder.feed(compressed_message(65, lz4(b"a" * 64)))
-    assert decoder.next_message() is None and decoder.decompression_due
+    assert decoder.next_message() is None and decoder.status is ReceiveStatus.DECOMPRESS
     decoder.prepare_decompression()
     decoder.decompress()  # raises nothing
     for _ in range(2):  # sticky, as any protocol error

@@ -7,8 +7,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from anyio_comm import Limits, LocalProtocolError, RemoteProtocolError
-from anyio_comm._sansio.connection import Connection, ConnectionState
-from anyio_comm._sansio.decoder import EndOfData
+from anyio_comm._sansio.connection import Connection, ConnectionState, EndOfData
 from anyio_comm._sansio.wire import encode_header
 
 from ..decoding import receive_into

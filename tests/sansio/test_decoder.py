@@ -8,7 +8,13 @@ from itertools import accumulate
 import pytest
 
 from anyio_comm import BufferPool, Limits, PackedFrames, RemoteProtocolError
-from anyio_comm._sansio.decoder import PREAMBLE_BUFFER_SIZE, EndOfData, FrameDecoder
+from anyio_comm._sansio.decoder import (
+    PREAMBLE_BUFFER_SIZE,
+    EndOfData,
+    FrameDecoder,
+    ReceiveMode,
+    ReceiveStatus,
+)
 from anyio_comm._sansio.frames import PACK_BELOW
 from anyio_comm._sansio.pool import ALIGNMENT
 from anyio_comm._sansio.wire import MAGIC, Capability, Handshake, encode_header, encode_preamble
@@ -108,7 +114,7 @@ def test_large_frame_is_received_directly_into_its_buffer() -> None:
 
 def test_large_frame_buffer_is_allocated_at_the_next_get_buffer() -> None:
     """A frame whose rest will be read directly gets its buffer when the bytes are
-    wanted (frame_buffer_due says so before): the bytes already in the read-ahead
+    wanted (status TASK_READS_FRAME says so before): the bytes already in the read-ahead
     buffer move into it."""
     sizes: list[int] = []
 
@@ -120,13 +126,13 @@ def test_large_frame_buffer_is_allocated_at_the_next_get_buffer() -> None:
     payload = bytes(range(256)) * 400  # 100 KiB
     d.feed(PREAMBLE + encode_header([len(payload)]) + payload[:1000])
     assert d.next_handshake() is not None
-    assert not d.frame_buffer_due
+    assert d.status is not ReceiveStatus.TASK_READS_FRAME
     assert d.next_message() is None
     assert d.next_message() is None  # asking again changes nothing
-    assert d.frame_buffer_due and sizes == []
+    assert d.status is ReceiveStatus.TASK_READS_FRAME and sizes == []
     assert not d.at_message_boundary
     target = d.get_buffer()
-    assert sizes == [len(payload)] and not d.frame_buffer_due
+    assert sizes == [len(payload)] and d.status is not ReceiveStatus.TASK_READS_FRAME
     assert target.nbytes == len(payload) - 1000
     target[:] = payload[1000:]
     d.buffer_updated(target.nbytes)
@@ -140,19 +146,19 @@ def test_small_frame_buffer_is_allocated_with_its_header() -> None:
     d.feed(PREAMBLE + encode_header([800]) + b"x" * 100)
     d.next_handshake()
     assert d.next_message() is None
-    assert not d.frame_buffer_due
+    assert d.status is not ReceiveStatus.TASK_READS_FRAME
 
 
 def test_end_of_stream_while_a_frame_buffer_is_due() -> None:
     d = FrameDecoder(read_buffer_size=4096)
     d.feed(PREAMBLE + encode_header([100_000]) + b"x" * 10)
     d.next_handshake()
-    assert d.next_message() is None and d.frame_buffer_due
+    assert d.next_message() is None and d.status is ReceiveStatus.TASK_READS_FRAME
     d.receive_eof()
     with pytest.raises(EndOfData) as info:
         d.next_message()
     assert info.value.truncated
-    assert not d.frame_buffer_due
+    assert d.status is not ReceiveStatus.TASK_READS_FRAME
 
 
 def test_frames_have_their_own_exact_buffers() -> None:
@@ -466,13 +472,13 @@ def test_a_message_being_received_holds_at_most_8x_its_bytes(count: int, size: i
 def test_a_deferred_message_holds_at_most_8x_its_bytes_until_taken(
     sizes: tuple[int, ...],
 ) -> None:
-    """With defer_many_frames (the push engine), a complete many-frame message is not
+    """In mode CALLBACK (the push engine's callback), a complete many-frame message is not
     made into frame objects until the consumer takes it."""
     count = 16_384
     decoder = FrameDecoder()
     decoder.feed(PREAMBLE)
     decoder.next_handshake()
-    decoder.defer_many_frames = True
+    decoder.mode = ReceiveMode.CALLBACK
     frames = [bytes([i % 256]) * sizes[i % len(sizes)] for i in range(count)]
     data = encode(frames)
     held = 0
@@ -483,10 +489,10 @@ def test_a_deferred_message_holds_at_most_8x_its_bytes_until_taken(
         base = tracemalloc.get_traced_memory()[0]
         view = memoryview(data)
         while view:
-            if decoder.many_frames_due:
-                decoder.defer_many_frames = False
+            if decoder.status is ReceiveStatus.TASK_READS_MANY:
+                decoder.mode = ReceiveMode.TASK
                 assert decoder.next_message() is None  # the consumer reads on
-                decoder.defer_many_frames = True
+                decoder.mode = ReceiveMode.CALLBACK
             decoder.feed(view[:65536])
             view = view[65536:]
             assert decoder.next_message() is None
@@ -494,11 +500,11 @@ def test_a_deferred_message_holds_at_most_8x_its_bytes_until_taken(
     finally:
         tracemalloc.stop()
     assert held <= 8 * len(data) + 65536, (held, len(data))
-    assert decoder.many_frames_due
-    decoder.defer_many_frames = False
+    assert decoder.status is ReceiveStatus.TASK_READS_MANY
+    decoder.mode = ReceiveMode.TASK
     message = decoder.next_message()
     assert message is not None and [bytes(f) for f in message] == frames
-    assert not decoder.many_frames_due and decoder.at_message_boundary
+    assert decoder.status is not ReceiveStatus.TASK_READS_MANY and decoder.at_message_boundary
 
 
 def test_frames_of_64_bytes_and_more_are_not_deferred() -> None:
@@ -507,25 +513,25 @@ def test_frames_of_64_bytes_and_more_are_not_deferred() -> None:
     decoder = FrameDecoder()
     decoder.feed(PREAMBLE)
     decoder.next_handshake()
-    decoder.defer_many_frames = True
+    decoder.mode = ReceiveMode.CALLBACK
     frames = [bytes([i]) * 64 for i in range(40)]
     decoder.feed(encode(frames))
     assert [bytes(f) for f in decoder.next_message() or []] == frames
-    assert not decoder.many_frames_due
+    assert decoder.status is not ReceiveStatus.TASK_READS_MANY
 
 
 def test_deferred_frames_are_not_read_until_asked_for() -> None:
     decoder = FrameDecoder()
     decoder.feed(PREAMBLE)
     decoder.next_handshake()
-    decoder.defer_many_frames = True
+    decoder.mode = ReceiveMode.CALLBACK
     frames = [b"ab"] * 40
     decoder.feed(encode(frames, [b"after"]))
-    assert decoder.next_message() is None and decoder.many_frames_due
+    assert decoder.next_message() is None and decoder.status is ReceiveStatus.TASK_READS_MANY
     assert decoder.next_message() is None  # still deferred
-    decoder.defer_many_frames = False
+    decoder.mode = ReceiveMode.TASK
     assert [bytes(f) for f in decoder.next_message() or []] == frames
-    decoder.defer_many_frames = True
+    decoder.mode = ReceiveMode.CALLBACK
     assert [bytes(f) for f in decoder.next_message() or []] == [b"after"]  # few frames
 
 
@@ -533,15 +539,15 @@ def test_end_of_stream_while_many_frames_are_deferred() -> None:
     decoder = FrameDecoder()
     decoder.feed(PREAMBLE)
     decoder.next_handshake()
-    decoder.defer_many_frames = True
+    decoder.mode = ReceiveMode.CALLBACK
     decoder.feed(encode_header([1] * 40) + b"x" * 10)
     decoder.receive_eof()
-    assert decoder.next_message() is None and decoder.many_frames_due
-    decoder.defer_many_frames = False
+    assert decoder.next_message() is None and decoder.status is ReceiveStatus.TASK_READS_MANY
+    decoder.mode = ReceiveMode.TASK
     with pytest.raises(EndOfData) as info:
         decoder.next_message()
     assert info.value.truncated
-    assert not decoder.many_frames_due
+    assert decoder.status is not ReceiveStatus.TASK_READS_MANY
 
 
 # frames of every kind in one many-frame message: packed (< 64 bytes), copied
