@@ -593,7 +593,7 @@ class Comm(ObjectStream[Any]):
             raise TimeoutError(
                 f"the preamble of {self._peer_address} did not arrive within handshake_timeout"
             )
-        status = conn.receive_status
+        status = conn.receiving.status
         if status is ReceiveStatus.DECOMPRESS:
             # Our side decompresses a frame (in a worker thread): the peer's
             # timers do not run meanwhile.

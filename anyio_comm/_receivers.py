@@ -185,7 +185,7 @@ def _decompress_small(conn: Connection, transport: Transport) -> Frames | None:
         anyio.BrokenResourceError: the peer reset the connection.
         RemoteProtocolError, EndOfData: as ``conn.next_message()``.
     """
-    while conn.receive_status is _DECOMPRESS and conn.decompression_size < OFFLOAD_MIN:
+    while conn.receiving.status is _DECOMPRESS and conn.decompression_size < OFFLOAD_MIN:
         _check_peer(transport)
         conn.prepare_decompression()
         conn.decompress()
@@ -303,7 +303,7 @@ class PullReceiver(Receiver):
         conn = self._conn
         if not self._empty or self._paused or conn.at_message_boundary:
             return False
-        status = conn.receive_status
+        status = conn.receiving.status
         return status is not _WAIT_BUDGET and status is not _DECOMPRESS
 
     @property
@@ -321,12 +321,12 @@ class PullReceiver(Receiver):
         if frames is not None:
             return frames
         transport = self._transport
-        status = conn.receive_status
+        status = conn.receiving.status
         if status is _DECOMPRESS:
             frames = _decompress_small(conn, transport)
             if frames is not None:
                 return frames
-            status = conn.receive_status
+            status = conn.receiving.status
         if self._empty or status is _WAIT_BUDGET or status is _DECOMPRESS:
             return None
         get_buffer = conn.get_buffer
@@ -342,10 +342,10 @@ class PullReceiver(Receiver):
                 conn.receive_eof()
             frames = conn.next_message()
             if frames is None:
-                status = conn.receive_status
+                status = conn.receiving.status
                 if status is _DECOMPRESS:
                     frames = _decompress_small(conn, transport)
-                    status = conn.receive_status
+                    status = conn.receiving.status
             if n < buffer.nbytes and not transport.buffers_data:
                 self._empty = True
                 return frames
@@ -354,7 +354,7 @@ class PullReceiver(Receiver):
 
     def wait(self) -> Awaitable[None]:
         conn = self._conn
-        status = conn.receive_status
+        status = conn.receiving.status
         if status is _WAIT_BUDGET:
             return _wait_for_grant(conn)
         if status is _DECOMPRESS:
@@ -446,7 +446,8 @@ class PushReceiver(Receiver):
         # comm then times it: see Comm._wait_guarded); False again once noted.
         self._timed = self._wake_on_partial = wake_on_partial
         self.check_before_wait = True
-        self._queue: collections.deque[Frames] = collections.deque()
+        # decoded messages, each with its cost (frames_cost: computed once)
+        self._queue: collections.deque[tuple[Frames, int]] = collections.deque()
         self._queued_bytes = 0
         # what ended the stream, raised after the queued messages
         self._end: BaseException | None = None
@@ -548,7 +549,7 @@ class PushReceiver(Receiver):
         drains = not transport.buffers_data
         try:
             while True:
-                if conn.receive_status is _WAIT_BUDGET:
+                if conn.receiving.status is _WAIT_BUDGET:
                     self._stop_reading()  # until the budget grants the message
                     break
                 buffer = get_buffer()
@@ -567,7 +568,7 @@ class PushReceiver(Receiver):
                     # The queue is full, or the task reads this message: if the
                     # socket is empty, the task's wake-up is the pass of the loop
                     # after which it looks again (see the module).
-                    status = conn.receive_status
+                    status = conn.receiving.status
                     if short and (status is _TASK_READS_FRAME or status is _TASK_READS_MANY):
                         transport.readable()
                     break
@@ -596,20 +597,22 @@ class PushReceiver(Receiver):
         queue = self._queue
         while True:
             while (frames := next_message()) is not None:
-                queue.append(frames)
-                self._queued_bytes += frames_cost(frames)
+                cost = frames_cost(frames)
+                queue.append((frames, cost))
+                self._queued_bytes += cost
                 if self._queued_bytes >= MAX_QUEUED_BYTES or len(queue) >= MAX_QUEUED_MESSAGES:
                     self._paused = True
                     return True
-            status = conn.receive_status
+            status = conn.receiving.status
             if status is not _DECOMPRESS:
                 break
             frames = _decompress_small(conn, self._transport)
             if frames is None:
-                status = conn.receive_status  # (a large one is due: the task runs it)
+                status = conn.receiving.status  # (a large one is due: the task runs it)
                 break
-            queue.append(frames)
-            self._queued_bytes += frames_cost(frames)
+            cost = frames_cost(frames)
+            queue.append((frames, cost))
+            self._queued_bytes += cost
             if self._queued_bytes >= MAX_QUEUED_BYTES or len(queue) >= MAX_QUEUED_MESSAGES:
                 self._paused = True
                 return True
@@ -649,10 +652,10 @@ class PushReceiver(Receiver):
         transport = self._transport
         get_buffer = conn.get_buffer
         drains = not transport.buffers_data
-        conn.receive_mode = _TASK
+        conn.receiving.mode = _TASK
         try:
             while (frames := conn.next_message()) is None:
-                if conn.receive_status is _DECOMPRESS:
+                if conn.receiving.status is _DECOMPRESS:
                     frames = _decompress_small(conn, transport)
                     if frames is not None:
                         break
@@ -676,7 +679,7 @@ class PushReceiver(Receiver):
                 else:
                     conn.receive_eof()
         finally:
-            conn.receive_mode = _CALLBACK
+            conn.receiving.mode = _CALLBACK
         self._pulling = False
         cost = frames_cost(frames)
         if cost >= self._budget_min:
@@ -713,8 +716,7 @@ class PushReceiver(Receiver):
     def receive_nowait(self) -> Frames | None:
         queue = self._queue
         if queue:
-            frames = queue.popleft()
-            cost = frames_cost(frames)
+            frames, cost = queue.popleft()
             self._queued_bytes -= cost
             if cost >= self._budget_min:
                 self._conn.message_taken(cost)
@@ -749,7 +751,7 @@ class PushReceiver(Receiver):
     def wait(self) -> Awaitable[None]:
         if self._closed:
             raise ClosedResourceError
-        if self._pulling and self._conn.receive_status is _DECOMPRESS:
+        if self._pulling and self._conn.receiving.status is _DECOMPRESS:
             return _decompress_in_thread(self._conn, self._transport)
         if self.yield_due:
             # A short read inside the message the task reads: look again after

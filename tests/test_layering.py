@@ -114,7 +114,7 @@ def test_decoder_uses_finds_each_way_in() -> None:
         "x = conn.decoder.status\n"
         "y = self._decoder\n"
         "z: FrameDecoder\n"
-        "ok = conn.receive_status\n"
+        "ok = conn.receiving.status\n"
     )
     assert [use.split(": ", 1)[1] for use in decoder_uses(source)] == [
         "from ._sansio.decoder import",

@@ -152,7 +152,7 @@ async def test_push_engine_leaves_large_frames_to_the_task(anyio_backend_name: s
             assert not receiver._reading
             assert not receiver._queue
             assert (
-                receiver._conn.receive_status is ReceiveStatus.TASK_READS_FRAME
+                receiver._conn.receiving.status is ReceiveStatus.TASK_READS_FRAME
             )  # its buffer is not allocated yet
             for _ in range(200):
                 with anyio.fail_after(10):
@@ -212,7 +212,7 @@ async def test_push_engine_resumes_only_below_its_bounds(anyio_backend_name: str
             with anyio.fail_after(10):
                 await wait_all_tasks_blocked()
             for i in range(smalls + larges):
-                queued_large = sum(len(frames[0]) == len(large) for frames in receiver._queue)
+                queued_large = sum(len(frames[0]) == len(large) for frames, _ in receiver._queue)
                 assert queued_large <= 1, (i, queued_large)
                 assert receiver._queued_bytes <= MAX_QUEUED_BYTES + len(large) + FRAME_COST
                 with anyio.fail_after(10):
@@ -248,7 +248,7 @@ async def test_push_engine_leaves_many_frame_messages_to_the_task(
                 await wait_all_tasks_blocked()
             assert not receiver._reading
             assert not receiver._queue
-            assert receiver._conn.receive_status is ReceiveStatus.TASK_READS_MANY
+            assert receiver._conn.receiving.status is ReceiveStatus.TASK_READS_MANY
             for _ in range(count):
                 with anyio.fail_after(10):
                     received = await server.receive_frames()

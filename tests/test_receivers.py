@@ -168,7 +168,7 @@ def test_a_message_waiting_for_the_budget_is_not_looked_at_again() -> None:
     receiver, transport = scripted_receiver(budget.account())
     transport.script.append(chunks(data)[0])
     assert receiver.receive_nowait() is None
-    assert receiver._conn.receive_status is ReceiveStatus.WAIT_BUDGET  # type: ignore[attr-defined]
+    assert receiver._conn.receiving.status is ReceiveStatus.WAIT_BUDGET  # type: ignore[attr-defined]
     assert not receiver.yield_due
     waiting = receiver.wait()
     assert transport.log == ["read"]  # neither a pause nor a readiness wait

@@ -55,7 +55,8 @@ it is this module's alone): :meth:`start_receiving` says who reads
 (:class:`ReceiveMode`: a task that takes each message as it completes, PULL;
 an event-loop callback that queues them, CALLBACK; the task of such a reader
 reading a message the callback left to it, TASK). When :attr:`next_message`
-returns ``None``, :attr:`receive_status` says what it waits for::
+returns ``None``, ``receiving.status`` says what it waits for (``receiving``
+is a plain object the engine reads on the per-message path)::
 
     NEED_DATA --a message over the budget's free bytes--> WAIT_BUDGET
     NEED_DATA --a frame read directly into its buffer---> TASK_READS_FRAME
@@ -91,6 +92,7 @@ from .decoder import (
     DEFAULT_READ_BUFFER_SIZE,
     FrameDecoder,
     ReceiveMode,
+    ReceiveState,
     ReceiveStatus,
     check_read_buffer_size,
 )
@@ -122,6 +124,7 @@ __all__ = [
     "ConnectionState",
     "EndOfData",
     "ReceiveMode",
+    "ReceiveState",
     "ReceiveStatus",
     "check_read_buffer_size",
 ]
@@ -182,6 +185,7 @@ class Connection:
         "message_taken",
         "next_message",
         "on_peer",
+        "receiving",
     )
 
     #: ``get_buffer() -> memoryview``: the buffer the next received bytes must
@@ -200,6 +204,9 @@ class Connection:
     #: budget (at least :attr:`budget_min`) was taken from a queue (modes CALLBACK
     #: and TASK; in PULL the reservation ends as the message completes)
     message_taken: Callable[[int], None]
+    #: the receive side's status (read it when :attr:`next_message` returned
+    #: ``None``) and mode (who reads: set it to switch), shared with the decoder
+    receiving: ReceiveState
 
     def __init__(
         self,
@@ -223,6 +230,7 @@ class Connection:
         )
         self._capabilities = wanted if version >= 2 else frozenset()
         self._version = version
+        self.receiving = ReceiveState()
         decoder = FrameDecoder(
             limits,
             read_buffer_size=read_buffer_size,
@@ -231,6 +239,7 @@ class Connection:
             version=version,
             capabilities=self._capabilities,
             compression=self._compression,
+            state=self.receiving,
         )
         self._decoder = decoder
         self.get_buffer = decoder.get_buffer
@@ -301,30 +310,15 @@ class Connection:
     # -- receiving -----------------------------------------------------------
 
     def start_receiving(self, mode: ReceiveMode, *, offload_min: int, check_every: int) -> None:
-        """Set who reads (see :class:`ReceiveMode`; switch it later with
-        :attr:`receive_mode`) and which compressed frames are left to the I/O
+        """Set who reads (see :class:`ReceiveMode`; switch it later through
+        :attr:`receiving`) and which compressed frames are left to the I/O
         layer to decompress (status DECOMPRESS): those of ``offload_min`` bytes
         and more (decompressed), and the next one after ``check_every`` bytes were
         decompressed by :meth:`next_message` itself."""
         decoder = self._decoder
-        decoder.mode = mode
+        self.receiving.mode = mode
         decoder.offload_min = offload_min
         decoder.check_every = check_every
-
-    @property
-    def receive_mode(self) -> ReceiveMode:
-        """Who reads: see :class:`ReceiveMode`."""
-        return self._decoder.mode
-
-    @receive_mode.setter
-    def receive_mode(self, mode: ReceiveMode) -> None:
-        self._decoder.mode = mode
-
-    @property
-    def receive_status(self) -> ReceiveStatus:
-        """What the receive side waits for once :attr:`next_message` returned
-        ``None``: see :class:`ReceiveStatus`."""
-        return self._decoder.status
 
     @property
     def received_in_message(self) -> int:

@@ -29,7 +29,7 @@ There are two places bytes can land:
   starts (never before its header passed the limits). A frame that is not
   whole in the read-ahead buffer and would be read directly (see below) gets
   its buffer only at the next :meth:`get_buffer`, when the I/O layer is about
-  to read into it (:attr:`~FrameDecoder.status` TASK_READS_FRAME says so beforehand: a
+  to read into it (:attr:`~FrameDecoder.state` TASK_READS_FRAME says so beforehand: a
   callback-driven reader can leave that read to the task that consumes the
   message, so that a large buffer is allocated when it is wanted).
   When the read-ahead buffer is empty and at least ``direct_threshold`` bytes of the current frame
@@ -57,7 +57,7 @@ the frame. What a message of compressed frames holds is bounded by the limits,
 not by the bytes that arrived (``received_in_message`` counts the latter).
 A frame of :attr:`~FrameDecoder.offload_min` bytes or more is not decompressed
 by :meth:`~FrameDecoder.next_message`: it stops there with
-:attr:`~FrameDecoder.status` DECOMPRESS, and the I/O layer runs
+:attr:`~FrameDecoder.state` DECOMPRESS, and the I/O layer runs
 :meth:`~FrameDecoder.decompress`, in a worker thread say (the decoder is not
 touched meanwhile), then calls :meth:`~FrameDecoder.next_message` again.
 
@@ -72,7 +72,7 @@ the message is delivered as a :class:`~anyio_comm._sansio.frames.PackedFrames`
 (16 bytes of bookkeeping per frame; a short frame's view is made when it is
 indexed). Its frames of 64 bytes and more get frame objects of their own, less
 than 8 times what they take on the wire (6.1 times at 64 bytes). In
-:attr:`~FrameDecoder.mode` CALLBACK (the push engine's callback) the frames
+mode CALLBACK (the push engine's callback) the frames
 of such a message are not read before the task that takes the message asks for
 it. So, without compressed frames, what a message holds from its first header
 byte until it is delivered and after (its frames as ``receive_frames()``
@@ -140,6 +140,7 @@ __all__ = [
     "EndOfData",
     "FrameDecoder",
     "ReceiveMode",
+    "ReceiveState",
     "ReceiveStatus",
 ]
 
@@ -180,7 +181,7 @@ _ENDED: Final = _State.ENDED
 
 class ReceiveStatus(enum.Enum):
     """What the receive side waits for once :meth:`FrameDecoder.next_message`
-    returned ``None`` (:attr:`FrameDecoder.status`)."""
+    returned ``None`` (:attr:`FrameDecoder.state`)."""
 
     #: bytes: read into :meth:`~FrameDecoder.get_buffer`
     NEED_DATA = "need data"
@@ -203,7 +204,7 @@ class ReceiveStatus(enum.Enum):
 
 
 class ReceiveMode(enum.Enum):
-    """Who reads (:attr:`FrameDecoder.mode`), and so what the decoder leaves to
+    """Who reads (:attr:`ReceiveState.mode`), and so what the decoder leaves to
     whom."""
 
     #: a task reads and takes each message as it completes: the message's
@@ -216,6 +217,24 @@ class ReceiveMode(enum.Enum):
     #: the task of a callback-driven reader reads a message left to it: every
     #: frame is read; reservations stay until taken, as in CALLBACK
     TASK = "task"
+
+
+class ReceiveState:
+    """The receive side's state, shared by a connection, its decoder and the
+    receive engine that drives them: plain attributes, which the engine reads on
+    the per-message path (a property would cost a call each time).
+
+    Attributes:
+        status: what :meth:`FrameDecoder.next_message` waits for once it
+            returned ``None`` (the decoder sets it; read it).
+        mode: who reads (the engine sets it; the decoder reads it).
+    """
+
+    __slots__ = ("mode", "status")
+
+    def __init__(self) -> None:
+        self.status = ReceiveStatus.NEED_DATA
+        self.mode = ReceiveMode.PULL
 
 
 _NEED_DATA: Final = ReceiveStatus.NEED_DATA
@@ -252,6 +271,8 @@ class FrameDecoder:
             has them).
         compression: the codecs we announce that we decompress (compressed
             frames are parsed on a version-2 connection).
+        state: the receive state to keep up to date (shared with a
+            connection); ``None``: one of its own.
 
     Raises:
         ValueError: ``read_buffer_size`` is below 4096.
@@ -296,10 +317,9 @@ class FrameDecoder:
         "_zphase",
         "budget_min",
         "check_every",
-        "mode",
         "offload_min",
         "on_handshake",
-        "status",
+        "state",
     )
 
     def __init__(
@@ -312,6 +332,7 @@ class FrameDecoder:
         version: int = PROTOCOL_VERSION,
         capabilities: frozenset[Capability] = frozenset(),
         compression: tuple[str, ...] = (),
+        state: ReceiveState | None = None,
     ) -> None:
         check_read_buffer_size(read_buffer_size)
         self._limits = limits if limits is not None else Limits()
@@ -336,7 +357,7 @@ class FrameDecoder:
         self._zinline = 0
         #: compressed frames of at least this length (decompressed) are not
         #: decompressed here: :meth:`next_message` stops with
-        #: :attr:`status` DECOMPRESS, and the I/O layer runs
+        #: status DECOMPRESS, and the I/O layer runs
         #: :meth:`decompress` (in a worker thread, say) before it calls
         #: :meth:`next_message` again
         self.offload_min = LENGTH_MASK + 1
@@ -344,10 +365,9 @@ class FrameDecoder:
         #: decompressed here since the I/O layer last ran one (so that it can
         #: check from time to time that the peer is still there)
         self.check_every = LENGTH_MASK + 1
-        #: what :meth:`next_message` waits for when it returns ``None``
-        self.status = _NEED_DATA
-        #: who reads (see :class:`ReceiveMode`)
-        self.mode = _PULL
+        #: its status (what :meth:`next_message` waits for when it returns
+        #: ``None``) and mode (who reads: see :class:`ReceiveMode`)
+        self.state = state if state is not None else ReceiveState()
         # what the message's compressed frames took on the wire, less what they
         # count as (their decompressed lengths, their prefix in _filled)
         self._zadjust = 0
@@ -515,8 +535,8 @@ class FrameDecoder:
         if frame is not None and self._state is not _ENDED:
             self._target = frame
             self._filled = length
-        if self.status is _DECOMPRESS:
-            self.status = _NEED_DATA
+        if self.state.status is _DECOMPRESS:
+            self.state.status = _NEED_DATA
 
     # -- the receive budget -------------------------------------------------
 
@@ -554,7 +574,7 @@ class FrameDecoder:
             self._start = self._end = 0  # after the end nothing is parsed: discard
             return self._view
         target = self._target
-        if self.status is _TASK_READS_FRAME:
+        if self.state.status is _TASK_READS_FRAME:
             target = self._start_frame()
         if target is not None and self._start == self._end:
             missing = target.nbytes - self._filled
@@ -783,15 +803,16 @@ class FrameDecoder:
 
     def _next_message(self) -> Frames | None:
         """The general path of :meth:`next_message`: any state, any message shape."""
-        state = self._state
-        status = self.status
+        receiving = self.state
+        status = receiving.status
         if status is not _NEED_DATA:
             if status is _DECOMPRESS:
                 return None  # the I/O layer runs decompress() first
             if status is _WAIT_BUDGET and self._account is not None and self._account.wanted:
                 self._check_eof("a message")
                 return None  # still in the budget's line
-            self.status = _NEED_DATA  # (what still holds is found again below)
+            receiving.status = _NEED_DATA  # (what still holds is found again below)
+        state = self._state
         if self._zerror is not None:
             raise self._zerror
         view = self._view
@@ -818,7 +839,7 @@ class FrameDecoder:
                 if avail - 4 >= need:
                     self._start = start + 4 + need
                     self._begin_frames(unpack_lengths(view, start + 4, count))
-                    if self.status is _WAIT_BUDGET:
+                    if self.state.status is _WAIT_BUDGET:
                         return None
                 else:
                     self._start = start + 4
@@ -852,7 +873,7 @@ class FrameDecoder:
                     # Its rest will be read directly into its buffer: allocate that
                     # buffer at the next get_buffer(), when the bytes are wanted.
                     self._check_eof("a message")
-                    self.status = _TASK_READS_FRAME
+                    self.state.status = _TASK_READS_FRAME
                     return None
                 target = self._target = allocate(self._allocator, length)
                 self._filled = 0
@@ -869,7 +890,7 @@ class FrameDecoder:
                     continue  # its compressed bytes are the target now
             if state is _LENGTHS:
                 self._begin_frames(unpack_lengths(target, 0, target.nbytes // 8))
-                if self.status is _WAIT_BUDGET:
+                if self.state.status is _WAIT_BUDGET:
                     return None
                 state = self._state
                 continue
@@ -932,7 +953,7 @@ class FrameDecoder:
                 positions = self._positions = list(accumulate(lengths, initial=start))
             target = allocate(partial(pool.aligned, phase=positions[index] % ALIGNMENT), length)
         self._target = target
-        self.status = _NEED_DATA
+        self.state.status = _NEED_DATA
         start = self._start
         taken = self._end - start
         if taken:
@@ -978,7 +999,7 @@ class FrameDecoder:
             if cost >= self.budget_min:
                 self._reserved = cost
                 if not account.reserve(cost):
-                    self.status = _WAIT_BUDGET
+                    self.state.status = _WAIT_BUDGET
 
     def _split_codecs(self, entries: tuple[int, ...]) -> tuple[int, ...]:
         """The frame lengths of a length table with compressed frames (their codec
@@ -1050,7 +1071,7 @@ class FrameDecoder:
             self._zjob = (codec, target, length, None)
             self._zphase = 3
             self._zinline = 0
-            self.status = _DECOMPRESS
+            self.state.status = _DECOMPRESS
             return None
         self._zinline += length
         frame = allocate(self._allocator, length)
@@ -1064,8 +1085,8 @@ class FrameDecoder:
     def _fill_packed(self) -> PackedFrames | None:
         """Take the frames of a many-frame message (state PACKED): those shorter than
         PACK_BELOW into ``_small``, the others into buffers of their own."""
-        if self.mode is _CALLBACK:
-            self.status = _TASK_READS_MANY
+        if self.state.mode is _CALLBACK:
+            self.state.status = _TASK_READS_MANY
             return None
         lengths = self._lengths
         count = len(lengths)
@@ -1133,7 +1154,7 @@ class FrameDecoder:
                 self._index = index + 1
             elif length - avail >= self._direct_threshold:
                 self._check_eof("a message")
-                self.status = _TASK_READS_FRAME
+                self.state.status = _TASK_READS_FRAME
                 return None
             else:
                 self._target = allocate(self._allocator, length)
@@ -1152,7 +1173,7 @@ class FrameDecoder:
         """End the message (its frames are complete) and return ``_frames``."""
         reserved = self._reserved
         if reserved:
-            if self.mode is _PULL:  # (else the I/O layer's message_taken() does)
+            if self.state.mode is _PULL:  # (else the I/O layer's message_taken() does)
                 self.message_taken(reserved)
             self._reserved = 0
         frames = self._frames
@@ -1179,7 +1200,7 @@ class FrameDecoder:
             else:
                 account.release(self._reserved)
             self._reserved = 0
-        self.status = ReceiveStatus.ENDED
+        self.state.status = ReceiveStatus.ENDED
         self._target = None
         self._zphase = 0
         self._zcodecs = None

@@ -264,12 +264,12 @@ def test_a_message_waiting_for_budget_is_not_started() -> None:
     decoder.account.on_grant = lambda: granted.append(True)
     decoder.feed(header(1 * MiB) + b"z" * 1000)
     assert decoder.next_message() is None
-    assert decoder.status is ReceiveStatus.WAIT_BUDGET  # nothing allocated while waiting
+    assert decoder.state.status is ReceiveStatus.WAIT_BUDGET  # nothing allocated while waiting
     assert decoder.next_message() is None  # still in line
     holder.release(2 * MiB)
     assert granted == [True]
     assert decoder.next_message() is None  # the message goes on
-    assert decoder.status is ReceiveStatus.TASK_READS_FRAME
+    assert decoder.state.status is ReceiveStatus.TASK_READS_FRAME
     decoder.feed(b"z" * (MiB - 1000))
     frames = decoder.next_message()
     assert frames is not None and len(frames[0]) == MiB
@@ -279,7 +279,7 @@ def test_a_message_waiting_for_budget_is_not_started() -> None:
 def test_held_reservations_are_left_to_the_io_layer() -> None:
     budget = ReceiveBudget(10 * MiB)
     decoder = decoder_for(budget)
-    decoder.mode = ReceiveMode.TASK
+    decoder.state.mode = ReceiveMode.TASK
     assert len(pump(decoder, header(MiB) + b"q" * MiB)) == 1
     assert budget.in_use == message_cost(MiB, 1)  # the queue releases it when taken
     decoder.message_taken(message_cost(MiB, 1))
@@ -295,7 +295,7 @@ def test_end_of_stream_gives_the_reservation_back(waiting: bool) -> None:
     decoder = decoder_for(budget)
     decoder.feed(header(MiB) + b"x" * 10)
     assert decoder.next_message() is None
-    assert (decoder.status is ReceiveStatus.WAIT_BUDGET) is waiting
+    assert (decoder.state.status is ReceiveStatus.WAIT_BUDGET) is waiting
     decoder.receive_eof()
     with pytest.raises(EndOfData):
         decoder.next_message()

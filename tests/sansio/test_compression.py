@@ -58,7 +58,7 @@ def receive(conn: Connection, data: bytes, chunks: list[int]) -> list[list[bytes
     i = 0
     while True:
         while (frames := conn.next_message()) is not None or (
-            conn.receive_status is ReceiveStatus.DECOMPRESS
+            conn.receiving.status is ReceiveStatus.DECOMPRESS
         ):
             if frames is None:  # (as the I/O layer does, in a worker thread say)
                 conn.prepare_decompression()
@@ -344,7 +344,7 @@ def test_a_large_frame_is_decompressed_when_the_io_layer_says() -> None:
     data = bytes(150_000) + text(20_000)  # (compressed, less than the read-ahead buffer)
     decoder = decoder_after_preamble()
     decoder.offload_min = 100_000
-    assert decoder.status is not ReceiveStatus.DECOMPRESS and decoder.decompression_size == 0
+    assert decoder.state.status is not ReceiveStatus.DECOMPRESS and decoder.decompression_size == 0
     with pytest.raises(RuntimeError, match="no decompression is due"):
         decoder.decompress()
     decoder.feed(
@@ -352,14 +352,15 @@ def test_a_large_frame_is_decompressed_when_the_io_layer_says() -> None:
     )
     for _ in range(3):
         assert decoder.next_message() is None
-        assert decoder.status is ReceiveStatus.DECOMPRESS and decoder.decompression_size == len(
-            data
+        assert (
+            decoder.state.status is ReceiveStatus.DECOMPRESS
+            and decoder.decompression_size == len(data)
         )
     decoder.prepare_decompression()
     worker = threading.Thread(target=decoder.decompress)
     worker.start()
     worker.join()
-    assert decoder.status is not ReceiveStatus.DECOMPRESS
+    assert decoder.state.status is not ReceiveStatus.DECOMPRESS
     assert decoder.next_message() == [data]
     assert decoder.next_message() == [bytes(1000)]  # short: decompressed in next_message()
     assert decoder.at_message_boundary
@@ -369,7 +370,7 @@ def test_a_bad_frame_left_to_the_io_layer_fails_the_next_call() -> None:
     decoder = decoder_after_preamble()
     decoder.offload_min = 64
     decoder.feed(compressed_message(65, lz4(b"a" * 64)))
-    assert decoder.next_message() is None and decoder.status is ReceiveStatus.DECOMPRESS
+    assert decoder.next_message() is None and decoder.state.status is ReceiveStatus.DECOMPRESS
     decoder.prepare_decompression()
     decoder.decompress()  # raises nothing
     for _ in range(2):  # sticky, as any protocol error

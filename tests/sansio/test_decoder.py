@@ -126,13 +126,13 @@ def test_large_frame_buffer_is_allocated_at_the_next_get_buffer() -> None:
     payload = bytes(range(256)) * 400  # 100 KiB
     d.feed(PREAMBLE + encode_header([len(payload)]) + payload[:1000])
     assert d.next_handshake() is not None
-    assert d.status is not ReceiveStatus.TASK_READS_FRAME
+    assert d.state.status is not ReceiveStatus.TASK_READS_FRAME
     assert d.next_message() is None
     assert d.next_message() is None  # asking again changes nothing
-    assert d.status is ReceiveStatus.TASK_READS_FRAME and sizes == []
+    assert d.state.status is ReceiveStatus.TASK_READS_FRAME and sizes == []
     assert not d.at_message_boundary
     target = d.get_buffer()
-    assert sizes == [len(payload)] and d.status is not ReceiveStatus.TASK_READS_FRAME
+    assert sizes == [len(payload)] and d.state.status is not ReceiveStatus.TASK_READS_FRAME
     assert target.nbytes == len(payload) - 1000
     target[:] = payload[1000:]
     d.buffer_updated(target.nbytes)
@@ -146,19 +146,19 @@ def test_small_frame_buffer_is_allocated_with_its_header() -> None:
     d.feed(PREAMBLE + encode_header([800]) + b"x" * 100)
     d.next_handshake()
     assert d.next_message() is None
-    assert d.status is not ReceiveStatus.TASK_READS_FRAME
+    assert d.state.status is not ReceiveStatus.TASK_READS_FRAME
 
 
 def test_end_of_stream_while_a_frame_buffer_is_due() -> None:
     d = FrameDecoder(read_buffer_size=4096)
     d.feed(PREAMBLE + encode_header([100_000]) + b"x" * 10)
     d.next_handshake()
-    assert d.next_message() is None and d.status is ReceiveStatus.TASK_READS_FRAME
+    assert d.next_message() is None and d.state.status is ReceiveStatus.TASK_READS_FRAME
     d.receive_eof()
     with pytest.raises(EndOfData) as info:
         d.next_message()
     assert info.value.truncated
-    assert d.status is not ReceiveStatus.TASK_READS_FRAME
+    assert d.state.status is not ReceiveStatus.TASK_READS_FRAME
 
 
 def test_frames_have_their_own_exact_buffers() -> None:
@@ -478,7 +478,7 @@ def test_a_deferred_message_holds_at_most_8x_its_bytes_until_taken(
     decoder = FrameDecoder()
     decoder.feed(PREAMBLE)
     decoder.next_handshake()
-    decoder.mode = ReceiveMode.CALLBACK
+    decoder.state.mode = ReceiveMode.CALLBACK
     frames = [bytes([i % 256]) * sizes[i % len(sizes)] for i in range(count)]
     data = encode(frames)
     held = 0
@@ -489,10 +489,10 @@ def test_a_deferred_message_holds_at_most_8x_its_bytes_until_taken(
         base = tracemalloc.get_traced_memory()[0]
         view = memoryview(data)
         while view:
-            if decoder.status is ReceiveStatus.TASK_READS_MANY:
-                decoder.mode = ReceiveMode.TASK
+            if decoder.state.status is ReceiveStatus.TASK_READS_MANY:
+                decoder.state.mode = ReceiveMode.TASK
                 assert decoder.next_message() is None  # the consumer reads on
-                decoder.mode = ReceiveMode.CALLBACK
+                decoder.state.mode = ReceiveMode.CALLBACK
             decoder.feed(view[:65536])
             view = view[65536:]
             assert decoder.next_message() is None
@@ -500,11 +500,13 @@ def test_a_deferred_message_holds_at_most_8x_its_bytes_until_taken(
     finally:
         tracemalloc.stop()
     assert held <= 8 * len(data) + 65536, (held, len(data))
-    assert decoder.status is ReceiveStatus.TASK_READS_MANY
-    decoder.mode = ReceiveMode.TASK
+    assert decoder.state.status is ReceiveStatus.TASK_READS_MANY
+    decoder.state.mode = ReceiveMode.TASK
     message = decoder.next_message()
     assert message is not None and [bytes(f) for f in message] == frames
-    assert decoder.status is not ReceiveStatus.TASK_READS_MANY and decoder.at_message_boundary
+    assert (
+        decoder.state.status is not ReceiveStatus.TASK_READS_MANY and decoder.at_message_boundary
+    )
 
 
 def test_frames_of_64_bytes_and_more_are_not_deferred() -> None:
@@ -513,25 +515,25 @@ def test_frames_of_64_bytes_and_more_are_not_deferred() -> None:
     decoder = FrameDecoder()
     decoder.feed(PREAMBLE)
     decoder.next_handshake()
-    decoder.mode = ReceiveMode.CALLBACK
+    decoder.state.mode = ReceiveMode.CALLBACK
     frames = [bytes([i]) * 64 for i in range(40)]
     decoder.feed(encode(frames))
     assert [bytes(f) for f in decoder.next_message() or []] == frames
-    assert decoder.status is not ReceiveStatus.TASK_READS_MANY
+    assert decoder.state.status is not ReceiveStatus.TASK_READS_MANY
 
 
 def test_deferred_frames_are_not_read_until_asked_for() -> None:
     decoder = FrameDecoder()
     decoder.feed(PREAMBLE)
     decoder.next_handshake()
-    decoder.mode = ReceiveMode.CALLBACK
+    decoder.state.mode = ReceiveMode.CALLBACK
     frames = [b"ab"] * 40
     decoder.feed(encode(frames, [b"after"]))
-    assert decoder.next_message() is None and decoder.status is ReceiveStatus.TASK_READS_MANY
+    assert decoder.next_message() is None and decoder.state.status is ReceiveStatus.TASK_READS_MANY
     assert decoder.next_message() is None  # still deferred
-    decoder.mode = ReceiveMode.TASK
+    decoder.state.mode = ReceiveMode.TASK
     assert [bytes(f) for f in decoder.next_message() or []] == frames
-    decoder.mode = ReceiveMode.CALLBACK
+    decoder.state.mode = ReceiveMode.CALLBACK
     assert [bytes(f) for f in decoder.next_message() or []] == [b"after"]  # few frames
 
 
@@ -539,15 +541,15 @@ def test_end_of_stream_while_many_frames_are_deferred() -> None:
     decoder = FrameDecoder()
     decoder.feed(PREAMBLE)
     decoder.next_handshake()
-    decoder.mode = ReceiveMode.CALLBACK
+    decoder.state.mode = ReceiveMode.CALLBACK
     decoder.feed(encode_header([1] * 40) + b"x" * 10)
     decoder.receive_eof()
-    assert decoder.next_message() is None and decoder.status is ReceiveStatus.TASK_READS_MANY
-    decoder.mode = ReceiveMode.TASK
+    assert decoder.next_message() is None and decoder.state.status is ReceiveStatus.TASK_READS_MANY
+    decoder.state.mode = ReceiveMode.TASK
     with pytest.raises(EndOfData) as info:
         decoder.next_message()
     assert info.value.truncated
-    assert decoder.status is not ReceiveStatus.TASK_READS_MANY
+    assert decoder.state.status is not ReceiveStatus.TASK_READS_MANY
 
 
 # frames of every kind in one many-frame message: packed (< 64 bytes), copied
