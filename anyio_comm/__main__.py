@@ -8,29 +8,16 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
-from typing import TYPE_CHECKING, Any
-
-import anyio
+from typing import TYPE_CHECKING
 
 from . import Comm, __version__, connect, listen
 from ._bench import OneLineParser, add_parsers, bench_main, serve_main, whole_number
-from ._bench._common import install_hint
+from ._bench._common import BACKENDS, backend_installed, install_hint, run_backend
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
-
-BACKENDS = ("asyncio", "uvloop", "trio")
-
-
-def run(main: Any, backend: str) -> None:
-    """Run ``main`` on ``backend`` (``asyncio``, ``uvloop`` or ``trio``)."""
-    if backend == "uvloop":
-        anyio.run(main, backend="asyncio", backend_options={"use_uvloop": True})
-    else:
-        anyio.run(main, backend=backend)
 
 
 async def _echo(comm: Comm) -> None:
@@ -87,7 +74,7 @@ Fast, structured-concurrency message transport on asyncio, uvloop and trio.
 
 def missing_backends() -> list[str]:
     """The optional backends whose package is not installed."""
-    return [b for b in ("uvloop", "trio") if importlib.util.find_spec(b) is None]
+    return [b for b in BACKENDS if not backend_installed(b)]
 
 
 def parser() -> argparse.ArgumentParser:
@@ -147,7 +134,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         backends = (args.backend,)
     for backend in backends:
-        run(lambda b=backend: demo(args.address, b, args.rounds, args.megabytes), backend)
+        run_backend(backend, demo, args.address, backend, args.rounds, args.megabytes)
     return 0
 
 

@@ -1,13 +1,15 @@
-"""What the benchmark scripts share: the processes of a case, TLS, the header and the metadata.
+"""What the benchmark scripts share beyond :mod:`anyio_comm.bench`: the pair of processes of a
+case, the round-trip measurement, the run of the cases, the header, the tables and the
+command line.
 
-Every case runs in a fresh server process and a fresh client process, each
-pinned to a CPU of its own where the machine allows it. A child talks to the
-parent over a pipe: the server first reports its address as ``("ready",
-address)``, a child's entry point returns its result, sent as ``("result",
-value)``, and any failure comes back as ``("error", traceback)``, which
-:meth:`Child.receive` raises in the parent. A script builds its cases, runs
-each one with :func:`attempt` (a failed case becomes a result with an
-``error``), begins its output with :func:`start_run` and writes
+The event loops, the sizes, TLS, pinning, child processes and the metadata of a run come
+from :mod:`anyio_comm.bench`, which ``anyio-comm bench`` uses too. Every case runs in a
+fresh server process and a fresh client process (a :class:`ProcessPair`), each pinned to a
+CPU of its own where the machine allows it. A child talks to the parent over a pipe: the
+server first reports its address as ``("ready", address)``, a child's entry point returns
+its result, and a failure is raised in the parent by :meth:`anyio_comm.bench.Child.receive`.
+A script builds its cases, runs each one with :func:`attempt` (a failed case becomes a
+result with an ``error``), begins its output with :func:`start_run` and writes
 :meth:`Run.metadata` into its JSON file.
 """
 
@@ -15,109 +17,44 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.metadata
 import importlib.util
-import json
 import multiprocessing
 import os
 import platform
-import re
 import shutil
 import ssl
 import sys
 import tempfile
 import time
-import traceback
 from dataclasses import asdict, dataclass
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
+
+from anyio_comm.bench import (
+    BACKENDS,
+    Child,
+    RunError,
+    TLSFiles,
+    backend_installed,
+    certificates,
+    choose_cpus,
+    load_average,
+    run_metadata,
+    versions,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator
     from multiprocessing.connection import Connection
 
-T = TypeVar("T")
-
 STARTUP_TIMEOUT = 30.0  # seconds for a process to start, import and connect
-BACKENDS = {  # name: (AnyIO backend, backend options)
-    "asyncio": ("asyncio", {}),
-    "uvloop": ("asyncio", {"use_uvloop": True}),
-    "trio": ("trio", {}),
-}
-TLS_VERSIONS = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}
-
-
-def run_backend(backend: str, func: Callable[..., Awaitable[T]], *args: Any) -> T:
-    """``anyio.run(func, *args)`` on ``asyncio``, ``uvloop`` (asyncio with uvloop) or ``trio``."""
-    import anyio
-
-    name, options = BACKENDS[backend]
-    return anyio.run(func, *args, backend=name, backend_options=options)
 
 
 def drop_missing_backends(backends: list[str]) -> None:
     """Remove uvloop and trio from ``backends`` where they are not installed, with a note."""
-    for name in ("uvloop", "trio"):
-        if name in backends and importlib.util.find_spec(name) is None:
+    for name in BACKENDS:
+        if name in backends and not backend_installed(name):
             print(f"note: {name} is not installed; skipping that backend", file=sys.stderr)
             backends.remove(name)
-
-
-# -- TLS ----------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TLSFiles:
-    """Test certificates made with trustme by the parent process."""
-
-    ca_pem: bytes  # the CA certificate the client trusts
-    server_pem: str  # path of the server's private key and certificate chain
-
-
-def make_certificates(directory: str) -> TLSFiles:
-    """A CA and a server certificate for 127.0.0.1 and localhost, in ``directory``."""
-    import trustme  # only needed for TLS cases
-
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    server_pem = os.path.join(directory, "server.pem")
-    with open(server_pem, "wb") as fh:
-        fh.write(cert.private_key_and_cert_chain_pem.bytes())
-    return TLSFiles(ca_pem=ca.cert_pem.bytes(), server_pem=server_pem)
-
-
-@contextlib.contextmanager
-def certificates(prefix: str | None) -> Iterator[TLSFiles | None]:
-    """Test certificates in a temporary directory named ``prefix...`` (None: no certificates)."""
-    if prefix is None:
-        yield None
-        return
-    with tempfile.TemporaryDirectory(prefix=prefix) as directory:
-        yield make_certificates(directory)
-
-
-def _pin_version(context: ssl.SSLContext, version: str) -> ssl.SSLContext:
-    context.minimum_version = context.maximum_version = TLS_VERSIONS[version]
-    return context
-
-
-def server_context(files: TLSFiles | None, version: str | None) -> ssl.SSLContext | None:
-    """The server's SSL context: our certificate, exactly TLS ``version``; None for plain TCP
-    (no files or no version)."""
-    if files is None or version is None:
-        return None
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(files.server_pem)
-    return _pin_version(context, version)
-
-
-def client_context(files: TLSFiles | None, version: str | None) -> ssl.SSLContext | None:
-    """The client's SSL context: trusts only our CA, exactly TLS ``version``; None for plain
-    TCP (no files or no version)."""
-    if files is None or version is None:
-        return None
-    context = ssl.create_default_context(cadata=files.ca_pem.decode("ascii"))
-    return _pin_version(context, version)
 
 
 # -- processes ----------------------------------------------------------------
@@ -135,94 +72,6 @@ def unix_directory(transport: str, prefix: str) -> Iterator[str | None]:
         yield directory
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-
-
-def choose_cpus(
-    no_pin: bool, roles: tuple[str, str] = ("server", "client")
-) -> tuple[tuple[int | None, int | None], str]:
-    """The CPUs of the two processes of a case, and what is pinned where, as text."""
-    if no_pin:
-        return (None, None), "none (--no-pin)"
-    if not hasattr(os, "sched_setaffinity"):
-        return (None, None), "none (os.sched_setaffinity is not available)"
-    allowed = sorted(os.sched_getaffinity(0))
-    if len(allowed) < 2:
-        return (None, None), f"none (only CPU {allowed[0]} is available)"
-    first, second = allowed[:2]
-    return (first, second), f"{roles[0]} CPU {first}, {roles[1]} CPU {second}"
-
-
-def _child_main(
-    conn: Connection, cpu: int | None, target: Callable[..., Any], args: tuple[Any, ...]
-) -> None:
-    """Entry point of a child: pinned to ``cpu``, runs ``target(conn, *args)``, sends its result
-    (unless None) or its failure, then closes ``conn``."""
-    try:
-        if cpu is not None:
-            os.sched_setaffinity(0, {cpu})
-        result = target(conn, *args)
-        if result is not None:
-            conn.send(("result", result))
-    except BaseException:
-        with contextlib.suppress(OSError):
-            conn.send(("error", traceback.format_exc()))
-    finally:
-        conn.close()
-
-
-class Child:
-    """A child process of a case and the parent's end of its pipe."""
-
-    def __init__(
-        self,
-        ctx: Any,
-        name: str,
-        cpu: int | None,
-        target: Callable[..., Any],
-        args: tuple[Any, ...],
-    ) -> None:
-        self.conn, child_conn = ctx.Pipe()
-        self.process = ctx.Process(
-            target=_child_main, name=name, daemon=True, args=(child_conn, cpu, target, args)
-        )
-        try:
-            self.process.start()
-        except BaseException:
-            self.conn.close()
-            raise
-        finally:
-            child_conn.close()
-
-    def send(self, message: Any) -> None:
-        """Send ``message`` to the child."""
-        self.conn.send(message)
-
-    def receive(self, deadline: float) -> Any:
-        """The child's next message; raise if it failed, died or ran past ``deadline``."""
-        conn, proc = self.conn, self.process
-        while (remaining := deadline - time.monotonic()) > 0:
-            if conn.poll(min(remaining, 0.5)):
-                try:
-                    message = conn.recv()
-                except EOFError:
-                    raise RuntimeError(f"{proc.name} exited (code {proc.exitcode})") from None
-                if isinstance(message, tuple) and message[0] == "error":
-                    raise RuntimeError(f"{proc.name} failed:\n{message[1]}")
-                return message
-            if not proc.is_alive() and not conn.poll():
-                raise RuntimeError(f"{proc.name} exited (code {proc.exitcode})")
-        raise TimeoutError(f"{proc.name} did not answer in time")
-
-    def stop(self) -> None:
-        """Wait a little for the process to end, then terminate it, then kill it."""
-        proc = self.process
-        proc.join(5)
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(2)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(2)
 
 
 class ProcessPair:
@@ -255,7 +104,7 @@ class ProcessPair:
         return self._start(1, target, args)
 
     def _start(self, role: int, target: Callable[..., Any], args: tuple[Any, ...]) -> Child:
-        child = Child(self._ctx, self._names[role], self._cpus[role], target, args)
+        child = Child(self._ctx, self._names[role], target, args, cpu=self._cpus[role])
         self._children.append(child)
         return child
 
@@ -437,13 +286,16 @@ def round_trip_columns(r: dict[str, Any]) -> str:
 
 def attempt(case: Any, run: Callable[..., dict[str, Any]], *args: Any) -> dict[str, Any]:
     """``run(*args)``; if that raises, the fields of ``case`` with ``error`` (the last line of
-    the message) and ``details`` (all of it)."""
+    the message, or of the traceback of a child that failed) and ``details`` (all of it)."""
     try:
         return run(*args)
     except Exception as exc:
-        lines = [line.strip(" |+-") for line in str(exc).splitlines()]
+        details = (
+            f"{exc}\n{exc.details}" if isinstance(exc, RunError) and exc.details else str(exc)
+        )
+        lines = [line.strip(" |+-") for line in details.splitlines()]
         summary = next((line for line in reversed(lines) if line), repr(exc))
-        return {**asdict(case), "error": summary, "details": str(exc)}
+        return {**asdict(case), "error": summary, "details": details}
 
 
 def run_matrix(
@@ -512,54 +364,6 @@ def backend_table(
     return "\n".join(lines)
 
 
-_UNITS = {
-    "": 1,
-    "b": 1,
-    "kb": 10**3,
-    "mb": 10**6,
-    "gb": 10**9,
-    "tb": 10**12,
-    "kib": 2**10,
-    "mib": 2**20,
-    "gib": 2**30,
-    "tib": 2**40,
-}
-
-
-def parse_size(text: str) -> int:
-    """``"10GB"`` -> 10**10; decimal (kB, MB, GB) and binary (KiB, MiB, GiB) units.
-
-    Raises:
-        argparse.ArgumentTypeError: not a positive size.
-    """
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
-    if match is None or match.group(2).lower() not in _UNITS:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (try 2GB, 1MB, 512KiB)")
-    value = int(float(match.group(1)) * _UNITS[match.group(2).lower()])
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
-    return value
-
-
-def format_size(n: int) -> str:
-    """``1000`` -> ``1 kB``, ``10000000`` -> ``10 MB``, ``1500`` -> ``1500 B``."""
-    for unit, scale in (("MB", 10**6), ("kB", 10**3)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale} {unit}"
-    return f"{n} B"
-
-
-def versions(*dists: str) -> dict[str, str | None]:
-    """The installed version of each distribution (None: not installed)."""
-    found: dict[str, str | None] = {}
-    for dist in dists:
-        try:
-            found[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            found[dist] = None
-    return found
-
-
 def comm_versions() -> dict[str, str | None]:
     """anyio-comm's version and those of the packages it runs on."""
     import anyio_comm
@@ -569,9 +373,8 @@ def comm_versions() -> dict[str, str | None]:
 
 def loadavg() -> str:
     """The 1-, 5- and 15-minute load averages, as text."""
-    if not hasattr(os, "getloadavg"):
-        return "unknown"
-    return " ".join(f"{load:.2f}" for load in os.getloadavg())
+    loads = load_average()
+    return "unknown" if loads is None else " ".join(f"{load:.2f}" for load in loads)
 
 
 @dataclass(frozen=True)
@@ -596,23 +399,16 @@ class Run:
     ) -> dict[str, Any]:
         """The metadata of the JSON file: date, command, platform, pinning, load and versions,
         then ``fields``, then the options (``args`` without the ``outputs`` paths)."""
-        metadata: dict[str, Any] = {
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "command": ["python", "-m", f"benchmarks.{self.script}", *self.command],
-            "python": sys.version,
-        }
-        if executable:
-            metadata["executable"] = sys.executable
+        metadata = run_metadata(
+            ["python", "-m", f"benchmarks.{self.script}", *self.command],
+            pinning=self.pinning,
+            cpus={f"{role}_cpu": cpu for role, cpu in zip(self.roles, self.cpus, strict=True)},
+            load=(self.load_before, loadavg()),
+            versions=self.versions,
+            executable=executable,
+        )
         return {
             **metadata,
-            "platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
-            "pinning": self.pinning,
-            f"{self.roles[0]}_cpu": self.cpus[0],
-            f"{self.roles[1]}_cpu": self.cpus[1],
-            "load_average_before": self.load_before,
-            "load_average_after": loadavg(),
-            "versions": self.versions,
             **fields,
             "options": {k: v for k, v in vars(args).items() if k not in outputs},
         }
@@ -641,13 +437,6 @@ def start_run(
     print(f"pinning: {pinning}; load average before: {load_before}")
     command = sys.argv[1:] if argv is None else argv
     return Run(script, command, cpus, pinning, roles, versions, load_before)
-
-
-def write_json(path: str, data: dict[str, Any]) -> None:
-    """Write ``data`` to ``path`` as indented JSON."""
-    with open(path, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2)
-        fh.write("\n")
 
 
 # -- command line -------------------------------------------------------------
@@ -715,11 +504,3 @@ def csv_list(choices: tuple[str, ...] | None, convert: Any = str) -> Any:
         return items
 
     return parse
-
-
-def positive_int(text: str) -> int:
-    """An argparse type: an integer of at least 1."""
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value

@@ -41,16 +41,17 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 import anyio_comm
-
-from . import _harness
-from ._harness import (
-    STARTUP_TIMEOUT,
-    ProcessPair,
+from anyio_comm.bench import (
     TLSFiles,
+    byte_size,
     client_context,
     run_backend,
     server_context,
+    write_json,
 )
+
+from . import _harness
+from ._harness import STARTUP_TIMEOUT, ProcessPair
 
 if TYPE_CHECKING:
     import argparse
@@ -310,12 +311,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
     parser = _harness.argument_parser("backpressure", __doc__)
     add = parser.add_argument
-    add(
-        "--total", type=_harness.parse_size, default=2 * 10**9, help="bytes to send (default: 2GB)"
-    )
+    add("--total", type=byte_size(), default=2 * 10**9, help="bytes to send (default: 2GB)")
     add(
         "--message-size",
-        type=_harness.parse_size,
+        type=byte_size(),
         default=10**6,
         help="bytes per message, at least 8 (default: 1MB)",
     )
@@ -371,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.json:
         metadata = run.metadata(args, tls=_harness.transport_tls(args, TLS_VERSION))
-        _harness.write_json(args.json, {"metadata": metadata, "results": results})
+        write_json(args.json, {"metadata": metadata, "results": results})
     return 1 if any("error" in r for r in results) else 0
 
 

@@ -38,9 +38,10 @@ import anyio
 
 import anyio_comm
 from anyio_comm._sansio.pool import DEFAULT_MAX_FREE_BYTES
+from anyio_comm.bench import byte_size, run_backend, whole_number, write_json
 
 from . import _harness
-from ._harness import STARTUP_TIMEOUT, ProcessPair, run_backend
+from ._harness import STARTUP_TIMEOUT, ProcessPair
 from .backpressure import read_memory
 
 if TYPE_CHECKING:
@@ -206,14 +207,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
     parser = _harness.argument_parser("buffer_pool", __doc__)
     add = parser.add_argument
-    add("--messages", type=_harness.positive_int, default=400, help="messages (default: 400)")
+    add("--messages", type=whole_number(), default=400, help="messages (default: 400)")
     add(
         "--max-frame",
-        type=_harness.parse_size,
+        type=byte_size(),
         default=32 * 2**20,
         help="largest frame (default: 32MiB)",
     )
-    add("--hold", type=_harness.positive_int, default=8, help="messages held (default: 8)")
+    add("--hold", type=whole_number(), default=8, help="messages held (default: 8)")
     _harness.add_backend_options(parser, ("tcp",))
     _harness.add_output_options(parser, no_pin_help="do not pin the processes to CPUs")
     args = parser.parse_args(argv)
@@ -257,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{SLACK / 2**20:g} MiB."
     )
     if args.json:
-        _harness.write_json(args.json, {"metadata": run.metadata(args), "results": results})
+        write_json(args.json, {"metadata": run.metadata(args), "results": results})
     failed = any(
         "error" in r or not (r["free_met"] and r["held_met"] and r["trim_met"]) for r in results
     )

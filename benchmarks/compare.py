@@ -59,19 +59,27 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from anyio_comm._bench._server import GilHolder
+from anyio_comm.bench import (
+    GilHolder,
+    TLSFiles,
+    byte_size,
+    certificates,
+    client_context,
+    format_size,
+    parse_size,
+    run_backend,
+    server_context,
+    versions,
+    whole_number,
+    write_json,
+)
 from benchmarks import _harness
 from benchmarks._harness import (
     ROUND_TRIP_HEAD,
     STARTUP_TIMEOUT,
     Timing,
-    TLSFiles,
-    client_context,
     csv_list,
-    format_size,
     round_trip_columns,
-    run_backend,
-    server_context,
 )
 from benchmarks.systems import SYSTEMS
 
@@ -449,15 +457,15 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
 
 
 def _versions() -> dict[str, str | None]:
-    versions = _harness.versions(
+    found = versions(
         "anyio-comm", "anyio", "trio", "uvloop", "msgpack", "distributed", "tornado", "pyzmq"
     )
     with contextlib.suppress(ImportError):
         import zmq
 
-        versions["libzmq"] = zmq.zmq_version()
-    versions["openssl"] = ssl.OPENSSL_VERSION
-    return versions
+        found["libzmq"] = zmq.zmq_version()
+    found["openssl"] = ssl.OPENSSL_VERSION
+    return found
 
 
 def format_table(results: list[dict[str, Any]]) -> str:
@@ -485,20 +493,13 @@ def format_table(results: list[dict[str, Any]]) -> str:
 # -- command line -------------------------------------------------------------
 
 
-def _size(text: str) -> int:
-    value = int(float(text))  # accepts 1e6
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
-    return value
-
-
 def _many(text: str) -> list[int]:
     """``SIZE,CONNECTIONS`` (``8e3,200``) as ``[8000, 200]``."""
     items = text.split(",")
     try:
         if len(items) != 2:
             raise ValueError(text)
-        return [_size(items[0]), _harness.positive_int(items[1])]
+        return [parse_size(items[0]), whole_number()(items[1])]
     except (ValueError, argparse.ArgumentTypeError):
         raise argparse.ArgumentTypeError(
             f"expected SIZE,CONNECTIONS such as 8e3,200, got {text!r}"
@@ -515,12 +516,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="short matrix: sizes 1e3,1e6, c=1,4, 1 frame, TLS only for 1e3 c=4 and 1e6 c=1, "
         "plus the many-connections workload, 0.5 s per case",
     )
-    add("--sizes", type=csv_list(None, _size), help="frame sizes in bytes (default: 1e3,...,1e7)")
+    add(
+        "--sizes",
+        type=csv_list(None, byte_size()),
+        help="frame sizes in bytes (default: 1e3,...,1e7)",
+    )
     add("--concurrency", type=csv_list(None, int), help="connections per client (default: 1,4)")
     add("--frames", type=csv_list(None, int), help="frames per message (default: 1,5)")
     add(
         "--tls-sizes",
-        type=csv_list(None, _size),
+        type=csv_list(None, byte_size()),
         help="frame sizes of the TLS workloads, among --sizes (default: 1e3,1e6,1e7)",
     )
     add(
@@ -613,7 +618,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{WARMUP_ROUND_TRIPS} round trips per connection",
         flush=True,
     )
-    with _harness.certificates("compare-tls-" if any(c.tls for c in cases) else None) as tls_files:
+    with certificates("compare-tls-" if any(c.tls for c in cases) else None) as tls_files:
         results, runs = run_matrix(cases, run.cpus, args, tls_files)
     print()
     print(format_table(results))
@@ -633,7 +638,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(render_compare.summary(data))
     if args.json:
-        _harness.write_json(args.json, data)
+        write_json(args.json, data)
     if args.markdown:
         with open(args.markdown, "w", encoding="utf-8") as fh:
             fh.write(render_compare.render(data))

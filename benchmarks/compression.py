@@ -39,16 +39,20 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 import anyio_comm
-
-from . import _harness
-from ._harness import (
-    STARTUP_TIMEOUT,
-    ProcessPair,
+from anyio_comm.bench import (
+    BACKENDS,
     TLSFiles,
+    byte_size,
     client_context,
+    format_size,
     run_backend,
     server_context,
+    whole_number,
+    write_json,
 )
+
+from . import _harness
+from ._harness import STARTUP_TIMEOUT, ProcessPair
 
 if TYPE_CHECKING:
     import argparse
@@ -207,7 +211,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
         for row in r["rows"]:
             cells = "".join(_cell(row, mode) for mode in MODES)
             lines.append(
-                f"{_harness.format_size(row['size']):>7} {row['kind']:<15}{cells}"
+                f"{format_size(row['size']):>7} {row['kind']:<15}{cells}"
                 f"{row['ratio']['lz4']:>9.2f}x{row['ratio']['zstd']:>9.2f}x"
             )
         return [lines[0], *(" " * 19 + line for line in lines[1:])]
@@ -221,19 +225,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add = parser.add_argument
     parser.add_argument(
         "--backend",
-        choices=(*_harness.BACKENDS, "all"),
+        choices=(*BACKENDS, "all"),
         default="asyncio",
         help="asyncio, uvloop, trio or all (default: asyncio)",
     )
     parser.add_argument("--transport", choices=TRANSPORTS, default="tcp", help="default: tcp")
     add(
         "--sizes",
-        type=_harness.csv_list(None, _harness.parse_size),
+        type=_harness.csv_list(None, byte_size()),
         default=[10**6, 10**7, 10**8],
         help="payload sizes (default: 1MB,10MB,100MB)",
     )
     add("--seconds", type=float, default=1.5, help="seconds per mode and repeat (1.5)")
-    add("--repeat", type=_harness.positive_int, default=3, help="repeats (3)")
+    add("--repeat", type=whole_number(), default=3, help="repeats (3)")
     _harness.add_output_options(parser)
     return parser.parse_args(argv)
 
@@ -265,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(results))
     if args.json:
         metadata = run.metadata(args, tls=_harness.transport_tls(args, TLS_VERSION))
-        _harness.write_json(args.json, {"metadata": metadata, "results": results})
+        write_json(args.json, {"metadata": metadata, "results": results})
     return 1 if any("error" in r for r in results) else 0
 
 

@@ -31,16 +31,17 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 import anyio_comm
-
-from . import _harness
-from ._harness import (
-    STARTUP_TIMEOUT,
-    ProcessPair,
+from anyio_comm.bench import (
     TLSFiles,
     client_context,
     run_backend,
     server_context,
+    whole_number,
+    write_json,
 )
+
+from . import _harness
+from ._harness import STARTUP_TIMEOUT, ProcessPair
 
 if TYPE_CHECKING:
     import argparse
@@ -210,8 +211,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = _harness.argument_parser("connect_latency", __doc__)
     add = parser.add_argument
     _harness.add_backend_options(parser, TRANSPORTS)
-    add("--block", type=_harness.positive_int, default=50, help="connections per block (50)")
-    add("--rounds", type=_harness.positive_int, default=10, help="blocks of each mode (10)")
+    add("--block", type=whole_number(), default=50, help="connections per block (50)")
+    add("--rounds", type=whole_number(), default=10, help="blocks of each mode (10)")
     _harness.add_output_options(parser)
     return parser.parse_args(argv)
 
@@ -244,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.json:
         metadata = run.metadata(args, tls=_harness.transport_tls(args, TLS_VERSION))
-        _harness.write_json(args.json, {"metadata": metadata, "results": results})
+        write_json(args.json, {"metadata": metadata, "results": results})
     return 1 if any("error" in r for r in results) else 0
 
 

@@ -50,7 +50,9 @@ import sys
 import time
 from typing import Any
 
-from ._harness import argument_parser, csv_list, positive_int, start_run, versions, write_json
+from anyio_comm.bench import versions, whole_number, write_json
+
+from ._harness import argument_parser, csv_list, start_run
 
 SCHEMES = ("tcp", "anyio+tcp", "tls", "anyio+tls")
 WORKLOADS = ("transfer", "array", "tiny", "rpc")
@@ -202,13 +204,13 @@ def main(argv: list[str] | None = None) -> int:
     add = parser.add_argument
     add("--schemes", type=csv_list(SCHEMES), default=list(SCHEMES), help="default: all four")
     add("--workloads", type=csv_list(WORKLOADS), default=list(WORKLOADS), help="default: all")
-    add("--repeat", type=positive_int, default=3, help="repeats of every workload (default 3)")
-    add("--transfer-mb", type=positive_int, default=1000, help="MB moved per transfer (1000)")
-    add("--transfer-arrays", type=positive_int, default=4, help="arrays they are in (4)")
-    add("--array-n", type=positive_int, default=20000, help="x is n x n (20000)")
-    add("--array-chunk", type=positive_int, default=2000, help="chunks of chunk x chunk (2000)")
-    add("--tiny-tasks", type=positive_int, default=10000, help="tiny tasks (10000)")
-    add("--rpc-calls", type=positive_int, default=5000, help="rpc round trips (5000)")
+    add("--repeat", type=whole_number(), default=3, help="repeats of every workload (default 3)")
+    add("--transfer-mb", type=whole_number(), default=1000, help="MB moved per transfer (1000)")
+    add("--transfer-arrays", type=whole_number(), default=4, help="arrays they are in (4)")
+    add("--array-n", type=whole_number(), default=20000, help="x is n x n (20000)")
+    add("--array-chunk", type=whole_number(), default=2000, help="chunks of chunk x chunk (2000)")
+    add("--tiny-tasks", type=whole_number(), default=10000, help="tiny tasks (10000)")
+    add("--rpc-calls", type=whole_number(), default=5000, help="rpc round trips (5000)")
     add("--no-pin", action="store_true", help="do not pin the processes to CPUs")
     add("--no-pool", action="store_true", help="anyio-comm: no buffer pool (fresh memory)")
     add("--json", metavar="PATH", help="also write the results and metadata as JSON")

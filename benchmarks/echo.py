@@ -40,21 +40,20 @@ import anyio
 import anyio.to_thread
 from anyio.streams.buffered import BufferedByteReceiveStream
 
-from benchmarks import _harness
-from benchmarks._harness import (
+from anyio_comm.bench import (
     BACKENDS,
-    ROUND_TRIP_HEAD,
     TLS_VERSIONS,
-    Timing,
     TLSFiles,
+    certificates,
     client_context,
-    csv_list,
     format_size,
-    positive_int,
-    round_trip_columns,
     run_backend,
     server_context,
+    whole_number,
+    write_json,
 )
+from benchmarks import _harness
+from benchmarks._harness import ROUND_TRIP_HEAD, Timing, csv_list, round_trip_columns
 from benchmarks.systems import comm as comm_system
 from benchmarks.systems import streams as streams_system
 
@@ -406,7 +405,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add = parser.add_argument
     add(
         "--sizes",
-        type=csv_list(None, positive_int),
+        type=csv_list(None, whole_number()),
         default=[1000, 10_000_000],
         help="payload sizes in bytes (default: 1000,10000000)",
     )
@@ -424,7 +423,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add(
         "--concurrency",
-        type=positive_int,
+        type=whole_number(),
         default=1,
         help="concurrent connections in the client (default: 1)",
     )
@@ -432,13 +431,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("--warmup", type=float, default=0.3, help="warm-up seconds per case (default: 0.3)")
     add(
         "--max-count",
-        type=positive_int,
+        type=whole_number(),
         default=1_000_000,
         help="most round trips measured per case (default: 1000000)",
     )
     add(
         "--repeat",
-        type=positive_int,
+        type=whole_number(),
         default=1,
         help="run the whole matrix N times and keep the best rt/s per case (default: 1)",
     )
@@ -497,7 +496,7 @@ def main(argv: list[str] | None = None) -> int:
         for tls in modes
         for system in args.systems
     ]
-    with _harness.certificates(None if args.tls == "off" else "echo-tls-") as tls_files:
+    with certificates(None if args.tls == "off" else "echo-tls-") as tls_files:
         results, runs = run_matrix(cases, run.cpus, args, tls_files)
     print(format_table(results))
     if summary := format_tls_summary(results):
@@ -512,7 +511,7 @@ def main(argv: list[str] | None = None) -> int:
                 "certificates": "trustme CA, server certificate for 127.0.0.1 and localhost",
             }
         metadata = run.metadata(args, executable=True, tls=tls)
-        _harness.write_json(args.json, {"metadata": metadata, "results": results, "runs": runs})
+        write_json(args.json, {"metadata": metadata, "results": results, "runs": runs})
     return 1 if any("error" in r for r in results) else 0
 
 

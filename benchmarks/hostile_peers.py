@@ -113,19 +113,20 @@ from anyio_comm import rpc
 from anyio_comm._sansio.budget import DEFAULT_RECEIVE_BUDGET
 from anyio_comm._sansio.compression import CODEC_SHIFT, CODECS
 from anyio_comm._sansio.wire import SMALL_COUNT, encode_header, encode_preamble
+from anyio_comm.bench import (
+    Child,
+    TLSFiles,
+    byte_size,
+    client_context,
+    run_backend,
+    server_context,
+    whole_number,
+    write_json,
+)
 from anyio_comm.rpc._protocol import Call
 
 from . import _harness
-from ._harness import (
-    STARTUP_TIMEOUT,
-    Child,
-    ProcessPair,
-    TLSFiles,
-    client_context,
-    csv_list,
-    run_backend,
-    server_context,
-)
+from ._harness import STARTUP_TIMEOUT, ProcessPair, csv_list
 from .backpressure import read_memory, reset_peak_rss
 from .many_connections import FD_MARGIN, raise_fd_limit
 
@@ -829,8 +830,8 @@ def run_storm_case(
     with ProcessPair(ctx, "storm", cpus) as pair, contextlib.ExitStack() as stack:
         server, address = pair.start_server(_storm_server_main, case, tls)
         client = pair.start_client(_storm_client_main, case, tls, address)
-        attackers = _harness.Child(
-            ctx, "storm-attackers", cpus[1], _storm_attackers_main, (case, tls, address)
+        attackers = Child(
+            ctx, "storm-attackers", _storm_attackers_main, (case, tls, address), cpu=cpus[1]
         )
         stack.callback(attackers.stop)
         stack.callback(attackers.conn.close)
@@ -1013,7 +1014,7 @@ def storm_main(args: argparse.Namespace, argv: list[str] | None) -> int:
     )
     if args.json:
         metadata = run.metadata(args, tls=_harness.transport_tls(args, TLS_VERSION))
-        _harness.write_json(args.json, {"metadata": metadata, "results": results})
+        write_json(args.json, {"metadata": metadata, "results": results})
     failed = any("error" in r or not r.get("target_met") for r in results)
     return 1 if failed else 0
 
@@ -1148,20 +1149,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="cumulative peer counts to measure at (default: 0,16,64,256 for declare and "
         "frames, 0,1000 for idle, 0,2000 for silent, 0,1,64 for bomb, 0,2 for rpc-queue)",
     )
-    add("--declare", type=_harness.parse_size, default=2**30, help="frame declared (1GiB)")
+    add("--declare", type=byte_size(), default=2**30, help="frame declared (1GiB)")
     add(
         "--frames",
-        type=_harness.positive_int,
+        type=whole_number(),
         default=anyio_comm.Limits().max_frames,
         help="frames of the frames and taken scenarios' messages (default: the limit, 16384)",
     )
     add(
         "--messages",
-        type=_harness.positive_int,
+        type=whole_number(),
         default=4,
         help="whole messages each peer sends in the taken scenario (default: 4)",
     )
-    add("--round-trips", type=_harness.positive_int, default=50, help="1 KB ones (default: 50)")
+    add("--round-trips", type=whole_number(), default=50, help="1 KB ones (default: 50)")
     add("--unprotected", action="store_true", help="no budget, frames committed at their header")
     add(
         "--attack",
@@ -1171,7 +1172,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     add(
         "--bombs",
-        type=_harness.positive_int,
+        type=whole_number(),
         default=1,
         help="messages each peer of the bomb scenario sends, one after another (default: 1)",
     )
@@ -1183,12 +1184,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--looping", type=int, default=100, help="peers doing full handshakes in a loop (100)"
     )
     storm.add_argument("--seconds", type=float, default=5.0, help="per phase (default: 5)")
-    storm.add_argument(
-        "--rounds", type=_harness.positive_int, default=2, help="quiet+storm rounds (2)"
-    )
+    storm.add_argument("--rounds", type=whole_number(), default=2, help="quiet+storm rounds (2)")
     storm.add_argument(
         "--handshake-threads",
-        type=_harness.positive_int,
+        type=whole_number(),
         default=None,
         help="the listener's handshake_threads (default: its default)",
     )
@@ -1280,7 +1279,7 @@ def main(argv: list[str] | None = None) -> int:
         )
     if args.json:
         metadata = run.metadata(args, tls=_harness.transport_tls(args, TLS_VERSION))
-        _harness.write_json(args.json, {"metadata": metadata, "results": results})
+        write_json(args.json, {"metadata": metadata, "results": results})
     failed = any("error" in r or r.get("target_met") is False for r in results)
     return 1 if failed else 0
 

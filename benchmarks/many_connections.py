@@ -41,17 +41,17 @@ import anyio
 import anyio.to_thread
 
 import anyio_comm
-
-from . import _harness
-from ._harness import (
-    STARTUP_TIMEOUT,
-    ProcessPair,
+from anyio_comm.bench import (
     TLSFiles,
     client_context,
-    positive_int,
     run_backend,
     server_context,
+    whole_number,
+    write_json,
 )
+
+from . import _harness
+from ._harness import STARTUP_TIMEOUT, ProcessPair
 from .backpressure import MemoryWatch, read_memory
 
 if TYPE_CHECKING:
@@ -297,13 +297,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
     parser = _harness.argument_parser("many_connections", __doc__)
     add = parser.add_argument
-    add("--connections", type=positive_int, default=1000, help="default: 1000")
-    add("--round-trips", type=positive_int, default=20, help="per connection (default: 20)")
-    add("--size", type=positive_int, default=1000, help="payload bytes (default: 1000)")
+    add("--connections", type=whole_number(), default=1000, help="default: 1000")
+    add("--round-trips", type=whole_number(), default=20, help="per connection (default: 20)")
+    add("--size", type=whole_number(), default=1000, help="payload bytes (default: 1000)")
     _harness.add_backend_options(parser, TRANSPORTS)
     add(
         "--connect-concurrency",
-        type=positive_int,
+        type=whole_number(),
         default=100,
         help="connect calls in flight at once, at most 1000 (default: 100)",
     )
@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.json:
         metadata = run.metadata(args, tls=_harness.transport_tls(args, TLS_VERSION))
-        _harness.write_json(args.json, {"metadata": metadata, "results": results})
+        write_json(args.json, {"metadata": metadata, "results": results})
     failed = any("error" in r or r["errors"] or r["opened"] < r["connections"] for r in results)
     return 1 if failed else 0
 

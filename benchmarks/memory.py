@@ -40,10 +40,18 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 import anyio_comm
+from anyio_comm.bench import (
+    TLSFiles,
+    byte_size,
+    client_context,
+    run_backend,
+    server_context,
+    whole_number,
+    write_json,
+)
 
 from . import _harness
-from ._harness import STARTUP_TIMEOUT, ProcessPair, TLSFiles, client_context, run_backend
-from ._harness import server_context as tls_server_context
+from ._harness import STARTUP_TIMEOUT, ProcessPair
 from .backpressure import read_memory, reset_peak_rss
 
 if TYPE_CHECKING:
@@ -142,7 +150,7 @@ def receiver_main(
     conn: Connection, case: Case, tls: TLSFiles | None, unix_path: str | None
 ) -> dict[str, Any]:
     """Entry point of the receiver process."""
-    ssl_context = tls_server_context(tls, TLS_VERSION if case.transport == "tls" else None)
+    ssl_context = server_context(tls, TLS_VERSION if case.transport == "tls" else None)
     address = unix_path or f"{case.transport}://127.0.0.1:0"
     return run_backend(case.backend, _receiver, conn, case, address, ssl_context)
 
@@ -252,8 +260,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     """Parse the command line."""
     parser = _harness.argument_parser("memory", __doc__)
     add = parser.add_argument
-    add("--size", type=_harness.parse_size, default=200 * 10**6, help="payload (default: 200MB)")
-    add("--frames", type=_harness.positive_int, default=1, help="frames (default: 1)")
+    add("--size", type=byte_size(), default=200 * 10**6, help="payload (default: 200MB)")
+    add("--frames", type=whole_number(), default=1, help="frames (default: 1)")
     _harness.add_backend_options(parser, TRANSPORTS)
     _harness.add_output_options(parser, no_pin_help="do not pin the processes to CPUs")
     add("--markdown", metavar="PATH", help="also write the table as markdown (needs --json)")
@@ -294,7 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         metadata = run.metadata(args, tls=_harness.transport_tls(args, TLS_VERSION))
         data = {"metadata": metadata, "results": results}
-        _harness.write_json(args.json, data)
+        write_json(args.json, data)
         if args.markdown:
             with open(args.markdown, "w", encoding="utf-8") as fh:
                 fh.write(render(data))

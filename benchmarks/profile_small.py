@@ -60,15 +60,11 @@ from anyio_comm._sansio import wire as wire_format
 from anyio_comm._sansio.decoder import FrameDecoder
 from anyio_comm._sansio.serialization import Serializer
 from anyio_comm._sansio.wire import Limits, encode_header, encode_preamble, frames_to_iov
+from anyio_comm.bench import BACKENDS, run_backend
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-BACKENDS = {
-    "asyncio": ("asyncio", {}),
-    "uvloop": ("asyncio", {"use_uvloop": True}),
-    "trio": ("trio", {}),
-}
 MAX_COUNT = 1_000_000
 #: the task floor keeps a message in one 64 KiB buffer and sends it with one send()
 TASK_FLOOR_MAX = 60_000
@@ -168,8 +164,7 @@ def micro(backend: str, size: int, count: int) -> list[tuple[str, float]]:
                 ("asyncio.sleep(0)", await _best_async_ns(lambda: asyncio.sleep(0), count))
             )
 
-    name, options = BACKENDS[backend]
-    anyio.run(loop_costs, backend=name, backend_options=options)
+    run_backend(backend, loop_costs)
     return [(n, ns / 1000) for n, ns in results]
 
 
@@ -417,7 +412,6 @@ def roundtrip(
     concurrency: int = 1,
 ) -> float:
     """Best CPU microseconds per round trip over ``repeat`` runs."""
-    name, options = BACKENDS[backend]
     if warmup is None:
         warmup = min(count // 10 + 1, 2000)
     warmup = max(0, min(warmup, MAX_COUNT))
@@ -437,9 +431,7 @@ def roundtrip(
     else:
         func = _roundtrips
         args = (size, count, warmup, concurrency)
-    best = min(
-        anyio.run(func, *args, backend=name, backend_options=options) for _ in range(repeat)
-    )
+    best = min(run_backend(backend, func, *args) for _ in range(repeat))
     return best / count * 1e6
 
 
@@ -480,10 +472,9 @@ def instructions(
 
 def profile(backend: str, size: int, count: int, top: int, concurrency: int = 1) -> str:
     """Profile ``count`` round trips; return a table of the costliest functions."""
-    name, options = BACKENDS[backend]
     profiler = cProfile.Profile()
     profiler.enable()
-    anyio.run(_roundtrips, size, count, 0, concurrency, backend=name, backend_options=options)
+    run_backend(backend, _roundtrips, size, count, 0, concurrency)
     profiler.disable()
     stats = pstats.Stats(profiler, stream=io.StringIO())
     rows: list[tuple[float, float, int, str]] = []

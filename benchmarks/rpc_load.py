@@ -41,9 +41,10 @@ import msgpack
 
 import anyio_comm
 from anyio_comm import rpc
+from anyio_comm.bench import run_backend, versions, whole_number, write_json
 
 from . import _harness
-from ._harness import STARTUP_TIMEOUT, ProcessPair, run_backend
+from ._harness import STARTUP_TIMEOUT, ProcessPair
 from .many_connections import FD_MARGIN, raise_fd_limit
 
 if TYPE_CHECKING:
@@ -354,8 +355,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add = parser.add_argument
     _harness.add_backend_options(parser, ("tcp",))
     add("--systems", type=_harness.csv_list(SYSTEMS), default=list(SYSTEMS), help="all")
-    add("--callers", type=_harness.positive_int, default=1000, help="concurrent callers (1000)")
-    add("--rounds", type=_harness.positive_int, default=5, help="windows per system (5)")
+    add("--callers", type=whole_number(), default=1000, help="concurrent callers (1000)")
+    add("--rounds", type=whole_number(), default=5, help="windows per system (5)")
     add("--warmup", type=float, default=1.0, help="seconds before each measurement (1)")
     add("--seconds", type=float, default=3.0, help="seconds measured per window (3)")
     _harness.add_output_options(parser)
@@ -372,11 +373,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if (backends := _harness.backends_for(args)) is None:
         return 2
-    versions = {
+    dists = {
         **_harness.comm_versions(),
-        **_harness.versions("grpcio"),
+        **versions("grpcio"),
     }
-    run = _harness.start_run("rpc_load", "RPC load", argv, args.no_pin, versions=versions)
+    run = _harness.start_run("rpc_load", "RPC load", argv, args.no_pin, versions=dists)
     print(
         f"{args.callers} callers calling echo({{'i': i, 'data': 100 bytes}}) in a loop; "
         f"{args.rounds} rounds of {args.warmup:g} s warm-up + {args.seconds:g} s measured "
@@ -408,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         for r in results:
             r.pop("measured", None)
-        _harness.write_json(args.json, {"metadata": run.metadata(args), "results": results})
+        write_json(args.json, {"metadata": run.metadata(args), "results": results})
     return 1 if any("error" in r for r in results) else 0
 
 

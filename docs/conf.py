@@ -38,7 +38,7 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(NoReturn|TaskStatus|ByteStream|ObjectStream|SSLContext|Limits|Comm|Listener)"),
     (r"py:.*", r"(Handshake|Allocator|Handler|MemoryByteStream|bytes|int|float|str|bool|None)"),
     (r"py:.*", r"(BrokenResourceError|ClosedResourceError|EndOfStream|BusyResourceError)"),
-    (r"py:.*", r"(TimeoutError|OSError|ValueError|TypeError|NotImplementedError|T_co)"),
+    (r"py:.*", r"(TimeoutError|OSError|ValueError|TypeError|NotImplementedError|T_co|T)"),
 ]
 # The golden vectors in the wire spec are fenced as ```hex golden:NAME, which
 # no highlighter knows.

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from anyio_comm._bench._cli import Progress
-from anyio_comm._bench._common import format_size, parse_size
+from anyio_comm.bench import Child, RunError, format_size, parse_size
 
 from .conftest import needs
 
@@ -239,20 +239,30 @@ def test_serve_address_in_use() -> None:
 )
 def test_parse_size(text: str, size: int) -> None:
     assert parse_size(text) == size
+    assert parse_size(text, 2**30) == size
 
 
 @pytest.mark.parametrize("text", ["", "MB", "1.5", "1 XB", "-1", "0", "2GiB", "1e400", "nan"])
 def test_parse_size_rejects(text: str) -> None:
     with pytest.raises(ValueError, match="size"):
-        parse_size(text)
+        parse_size(text, 2**30)
+
+
+def test_parse_size_without_a_top() -> None:
+    assert parse_size("2GiB") == 2**31
+    assert parse_size("10 TB") == 10**13
+    with pytest.raises(ValueError, match="at least 1 byte"):
+        parse_size("0")
 
 
 def test_format_size() -> None:
-    assert [format_size(n) for n in (1000, 10**6, 1024, 1500)] == [
+    assert [format_size(n) for n in (1000, 10**6, 1024, 1500, 2**30, 10**9)] == [
         "1 kB",
         "1 MB",
         "1 KiB",
         "1500 B",
+        "1 GiB",
+        "1 GB",
     ]
 
 
@@ -284,15 +294,40 @@ def _die(conn: object) -> None:
 def test_a_process_that_dies_is_named() -> None:
     import multiprocessing
 
-    from anyio_comm._bench._cli import gather, start, stop
-    from anyio_comm._bench._common import RunError
-
-    member = start(multiprocessing.get_context("spawn"), "test process", _die)
+    child = Child(multiprocessing.get_context("spawn"), "test process", _die)
     try:
         with pytest.raises(RunError, match=r"test process \(pid \d+\) exited with code 3"):
-            gather([member], time.monotonic() + TIMEOUT)
+            child.receive(time.monotonic() + TIMEOUT)
     finally:
-        stop(member, terminate=True)
+        child.stop(terminate=True)
+
+
+def _fail(conn: object, text: str) -> None:
+    raise ValueError(text)
+
+
+def _answer(conn: object, value: int) -> int:
+    return value * 2
+
+
+def test_a_child_reports_its_result_or_its_failure() -> None:
+    """A result comes back as ``("result", value)``; a failure is raised in the parent as a
+    :exc:`RunError` of one line, with the child's traceback in its ``details``."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    good = Child(ctx, "good child", _answer, (21,))
+    bad = Child(ctx, "bad child", _fail, ("no\ngood",))
+    try:
+        assert good.receive(time.monotonic() + TIMEOUT) == ("result", 42)
+        with pytest.raises(RunError) as caught:
+            bad.receive(time.monotonic() + TIMEOUT)
+        assert str(caught.value) == "bad child: ValueError: no good"
+        assert caught.value.details.startswith("Traceback")
+        assert "ValueError: no\ngood" in caught.value.details
+    finally:
+        assert good.stop() == 0
+        assert bad.stop() == 1
 
 
 def _run_on_terminal(*args: str) -> tuple[int, str]:

@@ -231,10 +231,11 @@ def test_every_page_is_in_the_toctree() -> None:
 
 def test_every_public_name_is_in_the_reference() -> None:
     import anyio_comm
+    import anyio_comm.bench
     import anyio_comm.testing
 
     reference = (DOCS / "reference.md").read_text()
-    for module in (anyio_comm, anyio_comm.testing):
+    for module in (anyio_comm, anyio_comm.testing, anyio_comm.bench):
         for name in module.__all__:
             if name != "__version__":
                 assert f"{module.__name__}.{name}" in reference, name

@@ -13,10 +13,11 @@ import anyio
 import pytest
 
 import anyio_comm
+import anyio_comm.bench
 import anyio_comm.rpc
 import anyio_comm.testing
 
-MODULES = [anyio_comm, anyio_comm.testing, anyio_comm.rpc]
+MODULES = [anyio_comm, anyio_comm.testing, anyio_comm.rpc, anyio_comm.bench]
 
 
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
@@ -24,7 +25,7 @@ def test_all_is_complete_and_sorted(module: object) -> None:
     public = {name for name in vars(module) if not name.startswith("_")}
     public -= {"annotations"}  # from __future__
     exported = set(module.__all__)  # type: ignore[attr-defined]
-    assert public - {"testing", "dask", "rpc"} <= exported  # submodules, once imported
+    assert public - {"testing", "dask", "rpc", "bench"} <= exported  # submodules, once imported
     assert all(hasattr(module, name) for name in exported)
 
 
@@ -102,7 +103,7 @@ def test_exported_exceptions_name_their_public_module() -> None:
     """``anyio_comm.SerializationError``, not ``anyio_comm._sansio.errors.SerializationError``:
     in tracebacks, reprs of the class and the docs; the name leads back to the class."""
     exceptions = exported_exceptions()
-    assert len(exceptions) == 19  # 11 in anyio_comm, 8 in anyio_comm.rpc
+    assert len(exceptions) == 20  # 11 in anyio_comm, 8 in anyio_comm.rpc, 1 in anyio_comm.bench
     for module, cls in exceptions:
         assert cls.__module__ == module, cls
         assert getattr(sys.modules[module], cls.__qualname__) is cls

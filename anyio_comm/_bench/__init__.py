@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
-from ._cli import OneLineParser, add_parsers, bench_main, serve_main, whole_number
+from ._arguments import whole_number
+from ._cli import OneLineParser, add_parsers, bench_main, serve_main
 
 __all__ = ["OneLineParser", "add_parsers", "bench_main", "serve_main", "whole_number"]

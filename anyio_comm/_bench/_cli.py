@@ -5,46 +5,37 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import importlib.metadata
 import importlib.util
-import json
 import multiprocessing
-import os
-import platform
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
-from datetime import datetime, timezone
-from multiprocessing.connection import wait as wait_for
 from typing import TYPE_CHECKING, Any, TextIO
 
 from .. import __version__
 from .._addressing import parse_address
+from ._arguments import byte_size, format_size, whole_number
 from ._client import ClientSpec, client_process, open_comm
 from ._common import (
     BACKENDS,
     MAX_FRAMES,
     MAX_MESSAGE,
+    MAX_SIZE,
     OOB_THRESHOLD,
-    ClientTLS,
     RunError,
-    ServerTLS,
     UsageError,
-    allowed_cpus,
     check_backend,
-    format_size,
     install_hint,
     one_line,
-    parse_size,
-    run_on,
+    run_backend,
 )
+from ._metadata import load_average, run_metadata, versions, write_json
+from ._processes import Child, allowed_cpus, choose_cpus, gather
 from ._server import serve_command, server_process
+from ._tls import ClientTLS, ServerTLS, certificates
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
-    from multiprocessing.connection import Connection
-    from multiprocessing.process import BaseProcess
 
 STARTUP_TIMEOUT = 60.0  # seconds for the processes to start, import and connect
 STOP_TIMEOUT = 10.0  # seconds for a process to exit once told to
@@ -57,28 +48,6 @@ class OneLineParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> Any:
         self.exit(2, f"{self.prog}: error: {message}\n")
-
-
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def whole_number(top: int) -> Any:
-    """An argparse type: a whole number from 1 to ``top``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if not 1 <= value <= top:
-            raise argparse.ArgumentTypeError(f"expected 1 to {top}, got {value}")
-        return value
-
-    return parse
 
 
 def _seconds(low: float, high: float, *, open_low: bool = False) -> Any:
@@ -108,7 +77,13 @@ def add_parsers(commands: Any) -> None:
     add("-p", "--processes", type=whole_number(64), default=1, help="client processes (default 1)")
     add("-c", "--concurrency", type=whole_number(1000), default=1, help="comms per process (1)")
     add("-f", "--frames", type=whole_number(MAX_FRAMES), default=1, help="frames per message (1)")
-    add("-s", "--size", type=_size, default=1000, help="bytes per frame: 1000, 1e6, 1MB, 1KiB")
+    add(
+        "-s",
+        "--size",
+        type=byte_size(MAX_SIZE),
+        default=1000,
+        help="bytes per frame: 1000, 1e6, 1MB, 1KiB",
+    )
     add("--seconds", type=_seconds(0, 600, open_low=True), default=3.0, help="window (3)")
     add("--warmup", type=_seconds(0, 60), default=0.5, help="warm-up seconds (0.5)")
     add("--backend", choices=BACKENDS, default="asyncio", help="event loop (asyncio)")
@@ -239,101 +214,15 @@ def configure(args: argparse.Namespace) -> Config:
             )
         elif remote_only:
             raise UsageError(f"{remote_only[0]} needs a tls:// ADDRESS")
-    cpus = allowed_cpus()
-    server_cpu = client_cpu = None
-    if args.no_pin:
-        pinning = "none (--no-pin)"
-    elif len(cpus) < 2:
-        pinning = "none (fewer than 2 CPUs available)"
-    elif args.address is None:
-        server_cpu, client_cpu = cpus[0], cpus[1]
-        pinning = f"server CPU {server_cpu}, client processes CPU {client_cpu}"
-    else:
-        client_cpu = cpus[1]
-        pinning = f"client processes CPU {client_cpu} (server: remote)"
+    (server_cpu, client_cpu), pinning = choose_cpus(args.no_pin, ("server", "client processes"))
+    if args.address is not None:
+        server_cpu = None
+        if client_cpu is not None:
+            pinning = f"client processes CPU {client_cpu} (server: remote)"
     return Config(args, args.address, client_tls, server_cpu, client_cpu, pinning)
 
 
 # -- bench: processes -----------------------------------------------------------------------
-
-
-@dataclass
-class Member:
-    """A child process and the parent's end of its pipe."""
-
-    name: str
-    process: BaseProcess
-    conn: Connection
-
-    def died(self) -> RunError:
-        """The error for a process that exited without reporting."""
-        self.process.join(1)
-        return RunError(
-            f"{self.name} (pid {self.process.pid}) exited with code {self.process.exitcode} "
-            "before reporting"
-        )
-
-
-def start(ctx: Any, name: str, target: Any, *args: Any) -> Member:
-    """Start ``target(conn, *args)`` in a new process."""
-    parent, child = ctx.Pipe()
-    process = ctx.Process(target=target, args=(child, *args), name=name, daemon=True)
-    process.start()
-    child.close()
-    return Member(name, process, parent)
-
-
-def gather(
-    members: list[Member],
-    deadline: float,
-    watch: Sequence[Member] = (),
-    tick: Callable[[], None] | None = None,
-) -> list[Any]:
-    """The next message of each member, in order; raise :exc:`RunError` if one reports an
-    error, if one (or a watched process) dies, or at ``deadline`` (``time.monotonic``).
-    ``tick`` is called at least every 0.25 s meanwhile (it shows the progress)."""
-    poll = 1.0 if tick is None else 0.25
-    pending = {id(m): m for m in members}
-    got: dict[int, Any] = {}
-    while pending:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            names = ", ".join(m.name for m in pending.values())
-            raise RunError(f"no answer in time from the {names}")
-        handles: list[Any] = [m.conn for m in pending.values()]
-        handles += [m.process.sentinel for m in (*pending.values(), *watch)]
-        wait_for(handles, timeout=min(remaining, poll))
-        if tick is not None:
-            tick()
-        for key, member in list(pending.items()):
-            if member.conn.poll():
-                try:
-                    kind, value = member.conn.recv()
-                except EOFError:
-                    raise member.died() from None
-                if kind == "error":
-                    raise RunError(f"{member.name}: {value}")
-                got[key] = value
-                del pending[key]
-            elif not member.process.is_alive():
-                raise member.died()
-        for member in watch:
-            if not member.process.is_alive():
-                raise member.died()
-    return [got[id(m)] for m in members]
-
-
-def stop(member: Member, *, terminate: bool) -> int | None:
-    """Stop a child (SIGTERM first when ``terminate``); kill it if it does not exit in time."""
-    process = member.process
-    if terminate and process.is_alive():
-        process.terminate()
-    process.join(STOP_TIMEOUT)
-    if process.is_alive():
-        process.kill()
-        process.join(STOP_TIMEOUT)
-    member.conn.close()
-    return process.exitcode
 
 
 class Progress:
@@ -409,39 +298,37 @@ def run(config: Config, out: TextIO | None = None) -> dict[str, Any]:
     args = config.args
     ctx = multiprocessing.get_context("spawn")
     lifetime = 2 * STARTUP_TIMEOUT + args.warmup + args.seconds + 30
-    server: Member | None = None
-    clients: list[Member] = []
+    server: Child | None = None
+    clients: list[Child] = []
     address, client_tls = config.address, config.client_tls
     with contextlib.ExitStack() as stack:
 
         def stop_all() -> None:
-            for member in clients:
-                stop(member, terminate=True)
+            for child in clients:
+                child.stop(terminate=True, timeout=STOP_TIMEOUT)
             if server is not None:
-                stop(server, terminate=True)
+                server.stop(terminate=True, timeout=STOP_TIMEOUT)
 
         stack.callback(stop_all)
         if address is None:
             server_tls = None
             local = "tcp://127.0.0.1:0"
             if args.tls:
-                directory = stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-tls-"))
-                server_tls, client_tls = _certificates(directory)
+                files = stack.enter_context(certificates("bench-tls-"))
+                assert files is not None
+                server_tls, client_tls = files.server(), files.client()
                 local = "tls://127.0.0.1:0"
-            server = start(
+            server = Child(
                 ctx,
                 "server process",
                 server_process,
-                local,
-                args.backend,
-                server_tls,
-                args.gil_hold,
-                config.server_cpu,
-                lifetime,
+                (local, args.backend, server_tls, args.gil_hold, lifetime),
+                cpu=config.server_cpu,
+                ignore_interrupt=True,
             )
-            (address,) = gather([server], time.monotonic() + STARTUP_TIMEOUT)
+            _, address = server.receive(time.monotonic() + STARTUP_TIMEOUT)
         try:
-            info = run_on("asyncio", probe, address, client_tls, args.connect_timeout)
+            info = run_backend("asyncio", probe, address, client_tls, args.connect_timeout)
         except Exception as exc:
             raise RunError(f"cannot reach a bench server at {address}: {one_line(exc)}") from None
         where = "remote" if server is None else "local process"
@@ -459,25 +346,33 @@ def run(config: Config, out: TextIO | None = None) -> dict[str, Any]:
                 size=args.size,
                 raw=args.raw_frames,
                 tls=client_tls,
-                cpu=config.client_cpu,
                 connect_timeout=args.connect_timeout,
                 control=index == 0,
                 budget=lifetime,
             )
-            clients.append(start(ctx, f"client process {index}", client_process, spec, live))
+            clients.append(
+                Child(
+                    ctx,
+                    f"client process {index}",
+                    client_process,
+                    (spec, live),
+                    cpu=config.client_cpu,
+                    ignore_interrupt=True,
+                )
+            )
         gather(clients, time.monotonic() + STARTUP_TIMEOUT, watch)
         load_at = time.time()
         start_at = load_at + args.warmup + 0.05
-        for member in clients:
-            member.conn.send(("start", start_at, args.seconds))
+        for child in clients:
+            child.send(("start", start_at, args.seconds))
         progress = Progress(out, live, load_at, (start_at, start_at + args.seconds))
         stack.callback(progress.close)
         deadline = time.monotonic() + args.warmup + args.seconds + STARTUP_TIMEOUT
-        results = gather(clients, deadline, watch, progress.update)
+        results = [result for _, result in gather(clients, deadline, watch, progress.update)]
         progress.close()
-        for member in clients:
-            stop(member, terminate=False)
-        server_exit = None if server is None else stop(server, terminate=True)
+        for child in clients:
+            child.stop(timeout=STOP_TIMEOUT)
+        server_exit = None if server is None else server.stop(terminate=True, timeout=STOP_TIMEOUT)
         clients.clear()
         server = None
     summary = aggregate(config, results)
@@ -485,17 +380,6 @@ def run(config: Config, out: TextIO | None = None) -> dict[str, Any]:
     if server_exit is not None:
         summary["server"]["exit_code"] = server_exit
     return summary
-
-
-def _certificates(directory: str) -> tuple[ServerTLS, ClientTLS]:
-    import trustme
-
-    ca = trustme.CA()
-    cert = ca.issue_cert("127.0.0.1", "localhost")
-    path = os.path.join(directory, "server.pem")
-    with open(path, "wb") as fh:
-        fh.write(cert.private_key_and_cert_chain_pem.bytes())
-    return ServerTLS(path), ClientTLS(cadata=ca.cert_pem.bytes().decode("ascii"))
 
 
 # -- bench: results -------------------------------------------------------------------------
@@ -592,25 +476,11 @@ def report(config: Config, summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _versions() -> dict[str, str | None]:
-    versions: dict[str, str | None] = {"anyio-comm": __version__}
-    for dist in ("anyio", "msgpack", "trio", "uvloop", "trustme"):
-        try:
-            versions[dist] = importlib.metadata.version(dist)
-        except importlib.metadata.PackageNotFoundError:
-            versions[dist] = None
-    return versions
-
-
-def _loadavg() -> list[float] | None:
-    return list(os.getloadavg()) if hasattr(os, "getloadavg") else None
-
-
 def bench_main(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
     """``anyio-comm bench``; returns the exit status."""
     try:
         config = configure(args)
-        load_before = _loadavg()
+        load_before = load_average()
         print(
             f"anyio-comm bench: starting, about {args.warmup + args.seconds:g} s of load",
             flush=True,
@@ -627,25 +497,20 @@ def bench_main(args: argparse.Namespace, argv: Sequence[str] | None) -> int:
         return 130
     print(report(config, summary), flush=True)
     if args.json:
-        metadata = {
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "command": ["anyio-comm", *(sys.argv[1:] if argv is None else argv)],
-            "python": sys.version,
-            "platform": platform.platform(),
-            "cpu_count": os.cpu_count(),
-            "pinning": config.pinning,
-            "server_cpu": config.server_cpu,
-            "client_cpu": config.client_cpu,
-            "load_average_before": load_before,
-            "load_average_after": _loadavg(),
-            "versions": _versions(),
-        }
+        metadata = run_metadata(
+            ["anyio-comm", *(sys.argv[1:] if argv is None else argv)],
+            pinning=config.pinning,
+            cpus={"server_cpu": config.server_cpu, "client_cpu": config.client_cpu},
+            load=(load_before, load_average()),
+            versions={
+                "anyio-comm": __version__,
+                **versions("anyio", "msgpack", "trio", "uvloop", "trustme"),
+            },
+        )
         options = {k: v for k, v in vars(args).items() if k not in ("json", "command")}
         document = {"metadata": metadata, "options": options, "result": summary}
         try:
-            with open(args.json, "w", encoding="utf-8") as fh:
-                json.dump(document, fh, indent=2)
-                fh.write("\n")
+            write_json(args.json, document)
         except OSError as exc:
             print(f"anyio-comm bench: error: cannot write {args.json}: {exc}", file=sys.stderr)
             return 1

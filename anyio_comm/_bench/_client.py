@@ -13,7 +13,7 @@ import anyio
 import anyio.to_thread
 
 from .. import connect
-from ._common import HELLO_KEY, PROTOCOL, ClientTLS, child_process, run_on
+from ._common import HELLO_KEY, PROTOCOL, run_backend
 
 if TYPE_CHECKING:
     import ctypes
@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
     from .. import Comm
+    from ._tls import ClientTLS
 
 MAX_SAMPLES = 1_000_000  # latency samples kept per process (reservoir sampling beyond)
 CHECK_EVERY = 256  # round trips between full checks of the reply's frames
@@ -40,7 +41,6 @@ class ClientSpec:
     size: int
     raw: bool
     tls: ClientTLS | None
-    cpu: int | None
     connect_timeout: float
     control: bool  # this process also takes the server's stats at the window's edges
     budget: float  # seconds this process may live
@@ -196,11 +196,8 @@ async def client(
 
 def client_process(
     conn: Connection, spec: ClientSpec, live: ctypes.Array[ctypes.c_double]
-) -> None:
-    """Entry point of a client process: sends ``("ready", server_info)``, waits for
-    ``("start", wall_time, seconds)``, then sends ``("result", counts)`` or
-    ``("error", one_line)``; during the window it keeps its count so far in ``live`` (see
-    :func:`_publish_until_end`). Ctrl-C is left to the parent, which stops the children."""
-    with child_process(conn, spec.cpu):
-        result = run_on(spec.backend, client, conn, spec, live)
-        conn.send(("result", result))
+) -> dict[str, Any]:
+    """Entry point of a client process (a :class:`~._processes.Child`): sends ``("ready",
+    server_info)``, waits for ``("start", wall_time, seconds)``, then returns the counts;
+    during the window it keeps its count so far in ``live`` (see :func:`_publish_until_end`)."""
+    return run_backend(spec.backend, client, conn, spec, live)

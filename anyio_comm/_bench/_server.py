@@ -26,13 +26,15 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .. import __version__, listen
-from ._common import HELLO_KEY, HELLO_TIMEOUT, PROTOCOL, ServerTLS, child_process, pin, run_on
+from ._common import HELLO_KEY, HELLO_TIMEOUT, PROTOCOL, run_backend
+from ._processes import pin
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from multiprocessing.connection import Connection
 
     from .. import Comm
+    from ._tls import ServerTLS
 
 
 class GilHolder:
@@ -175,7 +177,7 @@ def serve_command(
         print(f"anyio-comm bench server listening on {real} ({', '.join(extras)})", flush=True)
         print("stop with Ctrl-C or SIGTERM", flush=True)
 
-    run_on(backend, run_server, address, backend, tls, gil_hold, grace, None, ready)
+    run_backend(backend, run_server, address, backend, tls, gil_hold, grace, None, ready)
     print("server stopped", flush=True)
 
 
@@ -185,22 +187,20 @@ def server_process(
     backend: str,
     tls: ServerTLS | None,
     gil_hold: bool,
-    cpu: int | None,
     lifetime: float,
 ) -> None:
-    """Entry point of the server process of a local run: reports ``("ready", address)``
-    on ``conn``; stops on SIGTERM (sent by the parent) or after ``lifetime`` seconds.
-    Ctrl-C is left to the parent, which stops the children in order."""
-    with child_process(conn, cpu):
-        run_on(
-            backend,
-            run_server,
-            address,
-            backend,
-            tls,
-            gil_hold,
-            2.0,
-            lifetime,
-            lambda real: conn.send(("ready", real)),
-            (signal.SIGTERM,),
-        )
+    """Entry point of the server process of a local run (a :class:`~._processes.Child`):
+    reports ``("ready", address)`` on ``conn``; stops on SIGTERM (sent by the parent) or
+    after ``lifetime`` seconds."""
+    run_backend(
+        backend,
+        run_server,
+        address,
+        backend,
+        tls,
+        gil_hold,
+        2.0,
+        lifetime,
+        lambda real: conn.send(("ready", real)),
+        (signal.SIGTERM,),
+    )

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 import anyio_comm
-from benchmarks._harness import run_backend
+from anyio_comm.bench import run_backend
 from benchmarks.systems.framing import Checker, make_frames
 
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ from anyio.abc import SocketAttribute
 from anyio.streams.buffered import BufferedByteReceiveStream
 from anyio.streams.tls import TLSListener
 
-from benchmarks._harness import run_backend
+from anyio_comm.bench import run_backend
 from benchmarks.systems.framing import Checker, host_port, outgoing, request
 
 if TYPE_CHECKING:
