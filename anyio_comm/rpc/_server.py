@@ -44,7 +44,7 @@ import logging
 import math
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
 import anyio
 from anyio.lowlevel import checkpoint
@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
     from anyio.abc import TaskGroup
+    from typing_extensions import TypeIs
 
     from .._comm import Comm
     from .._listener import Listener
@@ -267,6 +268,34 @@ def _withdrawn(running: _Running) -> bool:
     return running.cancelled_by_client
 
 
+_RequestT = TypeVar("_RequestT", Call, Notify)
+
+
+class _Invocation(Generic[_RequestT]):
+    """One call (or notification) from the wire, from the moment its session
+    admits it until its handler returns or it leaves the queue: the message
+    (the call's id, method name, arguments, timeout), the handler that runs it,
+    and its state (deadline, budget charge, slot, cancel scope, credit). Its
+    replies go to its session's outbox."""
+
+    __slots__ = ("handler", "request", "state")
+
+    def __init__(self, request: _RequestT, handler: Callable[..., Any], state: _Running) -> None:
+        self.request: _RequestT = request
+        self.handler = handler
+        self.state = state
+
+
+#: what a session's queue holds: a call or a notification, to be run by a worker
+_Work = _Invocation[Call] | _Invocation[Notify]
+
+
+def _is_call(work: _Work) -> TypeIs[_Invocation[Call]]:
+    """Whether ``work`` is a call, not a notification (the type checker learns
+    it too)."""
+    return isinstance(work.request, Call)
+
+
 class _Session:
     """The server's side of one connection: its calls, those that wait in its
     queue, and the worker tasks (at most ``max_calls_per_connection``, made as
@@ -311,7 +340,7 @@ class _Session:
         self.finished = 0
         #: the queued calls with a deadline, earliest first (with started ones
         #: among them, skipped), and when the timer task wakes up next
-        self.expiries: list[tuple[float, int, Call, _Running]] = []
+        self.expiries: list[tuple[float, int, _Invocation[Call]]] = []
         self.expiry_at = math.inf
         self.expiry_wakeup: anyio.Event | None = None
         self.sequence = 0
@@ -330,10 +359,6 @@ class _Session:
         self.ended = False
         #: notifications dropped (logged when this reaches a power of two)
         self.dropped = 0
-
-
-#: a call, or a notification, with its method and its state
-_Work = tuple[Call | Notify, "Callable[..., Any]", _Running]
 
 
 @final
@@ -461,13 +486,13 @@ class Server:
                 request = decode(message)
                 if type(request) is Call or type(request) is Notify:
                     taken, held = held, 0  # the call holds it now, or gives it back
-                    work = (
+                    work: _Work | None = (
                         self._start(session, request, taken)
                         if isinstance(request, Call)
                         else self._start_notify(session, request, taken)
                     )
                     if work is not None:
-                        state = work[2]
+                        state = work.state
                         if not self._charge(session, state, cost, taken):
                             # Not read until the budget has room (see the module).
                             await self._wait_for_budget(session)
@@ -496,7 +521,7 @@ class Server:
                 if held:  # not a call (a cancel, a credit, a malformed message)
                     session.keeper.release(held)  # type: ignore[union-attr]
 
-    def _start(self, session: _Session, call: Call, held: int) -> _Work | None:
+    def _start(self, session: _Session, call: Call, held: int) -> _Invocation[Call] | None:
         """Refuse ``call`` (giving back the ``held`` bytes of the budget its
         message came with), or return it, to be charged and queued."""
         method = self._methods.get(call.method)
@@ -521,14 +546,16 @@ class Server:
             if self._admit(session, running):
                 session.running[call.id] = running
                 assert method is not None
-                return call, method, running
+                return _Invocation(call, method, running)
             refusal = ErrorCode.OVERLOADED, "the server is at its call limit"
         if held:
             session.keeper.release(held)  # type: ignore[union-attr]
         self._refuse(session, call, *refusal)
         return None
 
-    def _start_notify(self, session: _Session, notify: Notify, held: int) -> _Work | None:
+    def _start_notify(
+        self, session: _Session, notify: Notify, held: int
+    ) -> _Invocation[Notify] | None:
         """:meth:`_start` for a notification (dropped, not refused)."""
         method = self._methods.get(notify.method)
         running = _Running()
@@ -541,7 +568,7 @@ class Server:
         elif not self._admit(session, running):
             why = "the server is at its limit"
         else:
-            return notify, method, running
+            return _Invocation(notify, method, running)
         if held:
             session.keeper.release(held)  # type: ignore[union-attr]
         session.dropped += 1
@@ -627,11 +654,13 @@ class Server:
         now = anyio.current_time()
         expiries = session.expiries
         while expiries:
-            deadline, _, call, running = expiries[0]
+            deadline, _, work = expiries[0]
+            running = work.state
             if running.started or running.withdrawn:
                 heapq.heappop(expiries)
             elif deadline <= now:
                 heapq.heappop(expiries)
+                call = work.request
                 self._withdraw(session, call.id, running)
                 self._refuse(
                     session,
@@ -679,15 +708,15 @@ class Server:
     def _watch_deadline(self, session: _Session, task_group: TaskGroup, work: _Work) -> None:
         """Give the timer the deadline of a call that waits for a worker. (A worker
         is on its way to the others; its deadline scope covers what comes next.)"""
-        request, _method, running = work
-        if running.deadline == math.inf or type(request) is not Call:
+        running = work.state
+        if running.deadline == math.inf or not _is_call(work):
             return
         expiries = session.expiries
         if len(expiries) > 2 * len(session.queue) + 64:  # mostly started ones: compact
-            expiries[:] = [e for e in expiries if not (e[3].started or e[3].withdrawn)]
+            expiries[:] = [e for e in expiries if not (e[2].state.started or e[2].state.withdrawn)]
             heapq.heapify(expiries)
         session.sequence += 1
-        heapq.heappush(expiries, (running.deadline, session.sequence, request, running))
+        heapq.heappush(expiries, (running.deadline, session.sequence, work))
         if session.expiry_wakeup is None:  # the first: make the timer
             session.expiry_wakeup = anyio.Event()  # (which replaces it)
             task_group.start_soon(self._expire, session)
@@ -715,15 +744,16 @@ class Server:
                     await wakeup.wait()
                     since_yield = 0
                     continue
-                request, method, running = queue.popleft()
+                work = queue.popleft()
+                running = work.state
                 if running.withdrawn:
                     continue
                 running.started = True
                 try:
-                    if isinstance(request, Call):
-                        await self._run_call(session, request, method, running, base.copy())
+                    if _is_call(work):
+                        await self._run_call(session, work, base.copy())
                     else:
-                        await self._run_notify(session, request, method, running, base.copy())
+                        await self._run_notify(session, work, base.copy())
                 finally:
                     self._release(session, running)
                     self._uncharge(session, running)
@@ -751,13 +781,10 @@ class Server:
             self._slots.give()
 
     async def _run_call(
-        self,
-        session: _Session,
-        call: Call,
-        method: Callable[..., Any],
-        running: _Running,
-        context: contextvars.Context,
+        self, session: _Session, work: _Invocation[Call], context: contextvars.Context
     ) -> None:
+        call = work.request
+        running = work.state
         reply: Result | ErrorReply | None = None
         try:
             if _withdrawn(running):
@@ -769,9 +796,9 @@ class Server:
                 await self._take_slot(session, running)
                 self._uncharge(session, running)  # its arguments are the handler's now
                 if call.stream:
-                    reply = await self._invoke_stream(session, call, method, running, context)
+                    reply = await self._invoke_stream(session, work, context)
                 else:
-                    reply = await self._invoke(call, method, context)
+                    reply = await self._invoke(work, context)
             running.scope = None
             self._release(session, running)
             if running.failure is not None:
@@ -791,10 +818,11 @@ class Server:
             del session.running[call.id]
 
     async def _invoke(
-        self, call: Call, method: Callable[..., Any], context: contextvars.Context
+        self, work: _Invocation[Call], context: contextvars.Context
     ) -> Result | ErrorReply:
+        call = work.request
         try:
-            result, refusal = context.run(_apply, call, method)
+            result, refusal = context.run(_apply, call, work.handler)
             if refusal is not None:
                 return refusal
             if inspect.iscoroutine(result):
@@ -806,19 +834,17 @@ class Server:
         return Result(call.id, result)
 
     async def _invoke_stream(
-        self,
-        session: _Session,
-        call: Call,
-        method: Callable[..., Any],
-        running: _Running,
-        context: contextvars.Context,
+        self, session: _Session, work: _Invocation[Call], context: contextvars.Context
     ) -> Result | ErrorReply:
+        call = work.request
+        running = work.state
+
         def refused(exc: LocalProtocolError) -> None:
             running.failure = exc  # the reply says so, once the generator is closed
             running.cancel()
 
         try:
-            items, refusal = context.run(_apply, call, method)
+            items, refusal = context.run(_apply, call, work.handler)
             if refusal is not None:
                 return refusal
             try:
@@ -855,17 +881,14 @@ class Server:
             pass  # the connection ended: nobody to tell
 
     async def _run_notify(
-        self,
-        session: _Session,
-        notify: Notify,
-        method: Callable[..., Any],
-        running: _Running,
-        context: contextvars.Context,
+        self, session: _Session, work: _Invocation[Notify], context: contextvars.Context
     ) -> None:
+        notify = work.request
+        running = work.state
         await self._take_slot(session, running)
         self._uncharge(session, running)
         try:
-            result = context.run(method, *notify.args, **notify.kwargs)
+            result = context.run(work.handler, *notify.args, **notify.kwargs)
             if inspect.iscoroutine(result):
                 await InContext(result, context)
             elif inspect.isawaitable(result):
