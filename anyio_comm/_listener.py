@@ -297,8 +297,10 @@ def _bind_unix(path: str, backlog: int) -> socket.socket:
     return sock
 
 
-class _Connection:
-    """One connection's task: its cancel scope, and whether its comm is established."""
+class _ConnectionTask:
+    """The task that runs one accepted connection, as its listener knows it:
+    the task's cancel scope, the comm's idle hook, and whether the comm is
+    established."""
 
     __slots__ = ("established", "hook", "scope")
 
@@ -342,7 +344,8 @@ class _Server:
         self.handshake_limiter = (
             CapacityLimiter(handshake_threads) if ssl_context is not None else None
         )
-        self.connections: set[_Connection] = set()
+        #: the accepted connections not closed yet (handshaking or in a handler)
+        self.connections: set[_ConnectionTask] = set()
         self.active = 0  # connections whose handler runs
         self.accept_scope = CancelScope()
         # closes the listening sockets (set by listen() once they exist)
@@ -443,22 +446,22 @@ class _Server:
         self, transport: Transport, local: str, peer: str, slot: object | None
     ) -> None:
         limiter = self.limiter
-        connection = _Connection()
-        self.connections.add(connection)
+        task = _ConnectionTask()
+        self.connections.add(task)
         try:
-            with connection.scope:
+            with task.scope:
                 if limiter is not None and slot is None:
                     slot = object()
                     await limiter.acquire_on_behalf_of(slot)
-                await self._run_connection(connection, transport, local, peer)
+                await self._run_connection(task, transport, local, peer)
         finally:
-            self.connections.discard(connection)
+            self.connections.discard(task)
             if slot is not None and limiter is not None:
                 limiter.release_on_behalf_of(slot)
             self.check_closed()
 
     async def _run_connection(
-        self, connection: _Connection, transport: Transport, local: str, peer: str
+        self, task: _ConnectionTask, transport: Transport, local: str, peer: str
     ) -> None:
         if self.shutdown_started:
             transport.abort()
@@ -469,7 +472,7 @@ class _Server:
                 self.options,
                 local_address=local,
                 peer_address=peer,
-                hook=connection.hook,
+                hook=task.hook,
                 budget=self.budget,
             )
         except _HANDSHAKE_ERRORS as exc:
@@ -482,7 +485,7 @@ class _Server:
         except BaseException:
             transport.abort()
             raise
-        connection.established = True  # (a shutdown during the handshake cancelled the scope)
+        task.established = True  # (a shutdown during the handshake cancelled the scope)
         self.active += 1
         reason: CloseReason | None = None
         try:
@@ -496,7 +499,7 @@ class _Server:
                     CloseCode.HANDLER_ERROR, type(exc).__name__, _message(exc)
                 )
             except anyio.get_cancelled_exc_class():
-                reason = _GOING_AWAY if connection.hook.stopped_idle else _INTERRUPTED
+                reason = _GOING_AWAY if task.hook.stopped_idle else _INTERRUPTED
                 raise
         finally:
             self.active -= 1
@@ -517,12 +520,12 @@ class _Server:
         if not self.shutdown_started:
             self.shutdown_started = True
             self.stop_accepting()
-            for connection in list(self.connections):
-                connection.cancel_if_idle()
+            for task in list(self.connections):
+                task.cancel_if_idle()
             with anyio.move_on_after(grace_period):
                 await self.all_closed.wait()
-            for connection in list(self.connections):
-                connection.scope.cancel()
+            for task in list(self.connections):
+                task.scope.cancel()
             await self.all_closed.wait()
             self.stopped.set()
         else:

@@ -481,7 +481,7 @@ async def _rpc_queue_server(
                         "budget_in_use": budget.in_use if budget else None,
                         "budget_waiting": budget.waiting if budget else None,
                         "connections": server.listener.active_connections,
-                        "calls": sum(len(c.running) for c in server._connections),
+                        "calls": sum(len(session.running) for session in server._sessions),
                     }
                 )
 

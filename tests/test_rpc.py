@@ -544,8 +544,8 @@ async def test_replies_wait_for_a_client_that_does_not_read() -> None:
                 with anyio.move_on_after(1):
                     for i in range(100_000):
                         await comm.send(Call(i, "nope", [], {}, None).encode())
-                (conn,) = server._connections
-                assert len(conn.outbox._queue) <= 17
+                (session,) = server._sessions
+                assert len(session.outbox._queue) <= 17
 
 
 async def test_notifications_are_bounded_per_connection(caplog: pytest.LogCaptureFixture) -> None:
@@ -559,9 +559,9 @@ async def test_notifications_are_bounded_per_connection(caplog: pytest.LogCaptur
                 await client.notify("slow", f"n{i}", 0.2)
             while "on this connection): the server is at its limit" not in caplog.text:
                 await anyio.sleep(0.01)
-            (conn,) = server._connections
-            assert conn.tasks <= 5 and methods.most_running <= 2
-            while conn.tasks:
+            (session,) = server._sessions
+            assert session.tasks <= 5 and methods.most_running <= 2
+            while session.tasks:
                 await anyio.sleep(0.01)
             assert await client.call("echo", "after") == "after"
 

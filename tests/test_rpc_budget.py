@@ -71,7 +71,7 @@ async def until(condition: Callable[[], bool], what: str) -> None:
 
 def queued(server: rpc.Server) -> int:
     """Calls that wait or run on the server, all connections."""
-    return sum(len(conn.running) for conn in server._connections)
+    return sum(len(session.running) for session in server._sessions)
 
 
 @asynccontextmanager
@@ -250,7 +250,7 @@ async def test_calls_of_a_client_that_leaves_give_their_charge_back(kind: str) -
                 await comm.send(call.encode())
             await until(lambda: budget.in_use == sum(map(cost, calls)), "calls charged")
             comm.abort()
-            await until(lambda: not server._connections, "the connection ended")
+            await until(lambda: not server._sessions, "the connection ended")
             assert budget.in_use == 0 and budget.waiting == 0
 
 
@@ -341,5 +341,5 @@ async def test_small_calls_waiting_without_progress_are_closed(kind: str) -> Non
                         await comm.receive()
                 assert anyio.current_time() - started >= 0.4
                 tg.cancel_scope.cancel()
-            await until(lambda: not server._connections, "the connection ended")
+            await until(lambda: not server._sessions, "the connection ended")
     assert budget.in_use == 0 and budget.waiting == 0

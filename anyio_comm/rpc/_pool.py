@@ -33,7 +33,11 @@ DEFAULT_MAX_USERS: Final = 100
 DEFAULT_IDLE_TIMEOUT: Final = 30.0
 
 
-class _Connection:
+class _PooledClient:
+    """A :class:`Client` over one of the pool's connections: how many
+    ``client()`` blocks use it now (``users``) and, while none does, since when
+    (``idle_since``)."""
+
     __slots__ = ("address", "client", "idle_since", "users")
 
     def __init__(self, address: str, client: Client, now: float) -> None:
@@ -110,7 +114,7 @@ class Pool:
         self._connect_timeout = connect_timeout
         self._client_options = {"max_queued": max_queued, "stream_window": stream_window}
         self._connect_arguments = connect_arguments
-        self._connections: dict[str, list[_Connection]] = {}
+        self._connections: dict[str, list[_PooledClient]] = {}
         #: the addresses a connection is being made to
         self._opening: dict[str, int] = {}
         #: per address, the connections that could not be made, and the last error
@@ -164,16 +168,16 @@ class Pool:
             anyio.ClosedResourceError: the pool is closed.
             RuntimeError: the pool was not entered.
         """
-        conn = await self._acquire(address)
+        pooled = await self._acquire(address)
         try:
-            yield conn.client
+            yield pooled.client
         finally:
-            conn.users -= 1
-            if conn.users == 0:
-                conn.idle_since = anyio.current_time()
+            pooled.users -= 1
+            if pooled.users == 0:
+                pooled.idle_since = anyio.current_time()
             self._signal()
 
-    async def _acquire(self, address: str) -> _Connection:
+    async def _acquire(self, address: str) -> _PooledClient:
         if self._task_group is None:
             raise RuntimeError("enter the Pool (async with) before using it")
         deadline = math.inf if self._wait_timeout is None else self._wait_timeout
@@ -201,7 +205,7 @@ class Pool:
                 with anyio.fail_after(max(deadline - anyio.current_time(), 0)):
                     await changed.wait()
 
-    async def _open(self, address: str) -> _Connection:
+    async def _open(self, address: str) -> _PooledClient:
         self._opening[address] = 1
         try:
             comm = await connect(
@@ -217,26 +221,26 @@ class Pool:
         finally:
             del self._opening[address]
             self._signal()
-        conn = _Connection(address, Client(comm, **self._client_options), anyio.current_time())
-        conn.users = 1
-        self._connections.setdefault(address, []).append(conn)
+        pooled = _PooledClient(address, Client(comm, **self._client_options), anyio.current_time())
+        pooled.users = 1
+        self._connections.setdefault(address, []).append(pooled)
         assert self._task_group is not None
-        self._task_group.start_soon(self._run, conn, name=f"rpc pool: {address}")
-        return conn
+        self._task_group.start_soon(self._run, pooled, name=f"rpc pool: {address}")
+        return pooled
 
-    async def _run(self, conn: _Connection) -> None:
+    async def _run(self, pooled: _PooledClient) -> None:
         try:
-            await conn.client.run()
+            await pooled.client.run()
         except Exception:  # a bug: never take the pool's other connections with it
-            logger.exception("rpc pool: the connection to %s failed", conn.address)
+            logger.exception("rpc pool: the connection to %s failed", pooled.address)
         finally:
             with anyio.CancelScope(shield=True):
-                await conn.client.aclose()
-            connections = self._connections.get(conn.address)
-            if connections is not None and conn in connections:
-                connections.remove(conn)
+                await pooled.client.aclose()
+            connections = self._connections.get(pooled.address)
+            if connections is not None and pooled in connections:
+                connections.remove(pooled)
                 if not connections:
-                    del self._connections[conn.address]
+                    del self._connections[pooled.address]
             self._signal()
 
     async def _close_idle(self) -> None:
@@ -246,16 +250,16 @@ class Pool:
             await anyio.sleep(timeout / 4)
             now = anyio.current_time()
             for connections in list(self._connections.values()):
-                for conn in list(connections):
-                    if conn.users == 0 and now - conn.idle_since >= timeout:
-                        await conn.client.aclose()  # its _run removes it
+                for pooled in list(connections):
+                    if pooled.users == 0 and now - pooled.idle_since >= timeout:
+                        await pooled.client.aclose()  # its _run removes it
 
     async def _close_all(self) -> None:
         self._closed = True
         with anyio.CancelScope(shield=True):
             for connections in list(self._connections.values()):
-                for conn in list(connections):
-                    await conn.client.aclose()
+                for pooled in list(connections):
+                    await pooled.client.aclose()
         self._signal()
 
     def _signal(self) -> None:

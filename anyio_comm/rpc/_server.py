@@ -44,7 +44,7 @@ import logging
 import math
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 
 import anyio
 from anyio.lowlevel import checkpoint
@@ -73,6 +73,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
 
     from anyio.abc import TaskGroup
+    from typing_extensions import TypeIs
 
     from .._comm import Comm
     from .._listener import Listener
@@ -213,7 +214,7 @@ class _Slots:
 
 
 class _Running:
-    """A call's (or a notification's) task, as its connection knows it, and a
+    """A call's (or a notification's) task, as its session knows it, and a
     streaming call's credit: the items the client is ready for."""
 
     __slots__ = (
@@ -267,11 +268,40 @@ def _withdrawn(running: _Running) -> bool:
     return running.cancelled_by_client
 
 
-class _Connection:
-    """A connection's calls: those that wait in its queue, and the worker tasks
-    (at most ``max_calls_per_connection``, made as needed and kept while the
-    connection lives) that run them one after another, so that a call costs no
-    task of its own."""
+_RequestT = TypeVar("_RequestT", Call, Notify)
+
+
+class _Invocation(Generic[_RequestT]):
+    """One call (or notification) from the wire, from the moment its session
+    admits it until its handler returns or it leaves the queue: the message
+    (the call's id, method name, arguments, timeout), the handler that runs it,
+    and its state (deadline, budget charge, slot, cancel scope, credit). Its
+    replies go to its session's outbox."""
+
+    __slots__ = ("handler", "request", "state")
+
+    def __init__(self, request: _RequestT, handler: Callable[..., Any], state: _Running) -> None:
+        self.request: _RequestT = request
+        self.handler = handler
+        self.state = state
+
+
+#: what a session's queue holds: a call or a notification, to be run by a worker
+_Work = _Invocation[Call] | _Invocation[Notify]
+
+
+def _is_call(work: _Work) -> TypeIs[_Invocation[Call]]:
+    """Whether ``work`` is a call, not a notification (the type checker learns
+    it too)."""
+    return isinstance(work.request, Call)
+
+
+class _Session:
+    """The server's side of one connection: its calls, those that wait in its
+    queue, and the worker tasks (at most ``max_calls_per_connection``, made as
+    needed and kept while the connection lives) that run them one after
+    another, so that a call costs no task of its own; its outbox of replies and
+    its account of the receive budget."""
 
     __slots__ = (
         "allowance",
@@ -310,7 +340,7 @@ class _Connection:
         self.finished = 0
         #: the queued calls with a deadline, earliest first (with started ones
         #: among them, skipped), and when the timer task wakes up next
-        self.expiries: list[tuple[float, int, Call, _Running]] = []
+        self.expiries: list[tuple[float, int, _Invocation[Call]]] = []
         self.expiry_at = math.inf
         self.expiry_wakeup: anyio.Event | None = None
         self.sequence = 0
@@ -329,10 +359,6 @@ class _Connection:
         self.ended = False
         #: notifications dropped (logged when this reaches a power of two)
         self.dropped = 0
-
-
-#: a call, or a notification, with its method and its state
-_Work = tuple[Call | Notify, "Callable[..., Any]", _Running]
 
 
 @final
@@ -356,7 +382,7 @@ class Server:
         self._overload = overload
         self._max_queued = max_queued
         self._listener: Listener | None = None
-        self._connections: set[_Connection] = set()
+        self._sessions: set[_Session] = set()
         self._stopping = False
         self._idle = anyio.Event()  # set while no task runs, once stopping
 
@@ -394,12 +420,12 @@ class Server:
         self._check_idle()
         with anyio.move_on_after(grace_period):
             await self._idle.wait()
-            for conn in list(self._connections):
-                await conn.outbox.drain()  # the last replies
+            for session in list(self._sessions):
+                await session.outbox.drain()  # the last replies
         await self.listener.shutdown(0)
 
     def _check_idle(self) -> None:
-        if self._stopping and not any(conn.tasks for conn in self._connections):
+        if self._stopping and not any(session.tasks for session in self._sessions):
             self._idle.set()
 
     async def handle(self, comm: Comm) -> None:
@@ -410,44 +436,44 @@ class Server:
         that does not read what it asked for is not read either) and while its
         next call waits for the receive budget (see the module).
         """
-        conn = _Connection(comm, self._max_queued)
+        session = _Session(comm, self._max_queued)
         kept = comm._keep_taken()
         if kept is not None:
-            keeper, conn.budget_min = kept
-            conn.keeper = keeper
-            keeper.progress = lambda: conn.finished
+            keeper, session.budget_min = kept
+            session.keeper = keeper
+            keeper.progress = lambda: session.finished
             stall = keeper.on_stall
             assert stall is not None
 
             def stalled(reason: str) -> None:
                 stall(reason)  # closes the comm ...
-                if conn.granted is not None:
-                    conn.granted.set()  # ... and the reader sees it
+                if session.granted is not None:
+                    session.granted.set()  # ... and the reader sees it
 
             keeper.on_stall = stalled
-        self._connections.add(conn)
+        self._sessions.add(session)
         try:
             async with anyio.create_task_group() as task_group:
-                task_group.start_soon(conn.outbox.run)
+                task_group.start_soon(session.outbox.run)
                 try:
-                    await self._read(conn, task_group)
+                    await self._read(session, task_group)
                 finally:
-                    conn.ended = True
-                    conn.outbox.close()
+                    session.ended = True
+                    session.outbox.close()
                     task_group.cancel_scope.cancel()  # the caller went away
         finally:
-            for running in list(conn.holders):
-                self._release(conn, running)
-            if conn.keeper is not None:
-                conn.keeper.close()  # the queued calls' charges
-            conn.queue.clear()
-            conn.expiries.clear()
-            self._connections.discard(conn)
+            for running in list(session.holders):
+                self._release(session, running)
+            if session.keeper is not None:
+                session.keeper.close()  # the queued calls' charges
+            session.queue.clear()
+            session.expiries.clear()
+            self._sessions.discard(session)
             self._check_idle()
 
-    async def _read(self, conn: _Connection, task_group: TaskGroup) -> None:
-        comm = conn.comm
-        outbox = conn.outbox
+    async def _read(self, session: _Session, task_group: TaskGroup) -> None:
+        comm = session.comm
+        outbox = session.outbox
         while True:
             try:
                 await outbox.wait_for_room()
@@ -455,33 +481,33 @@ class Server:
             except Exception:
                 return  # the connection ended
             # the bytes of the budget the comm handed over with it (see the module)
-            held = cost if cost >= conn.budget_min else 0
+            held = cost if cost >= session.budget_min else 0
             try:
                 request = decode(message)
                 if type(request) is Call or type(request) is Notify:
                     taken, held = held, 0  # the call holds it now, or gives it back
-                    work = (
-                        self._start(conn, request, taken)
+                    work: _Work | None = (
+                        self._start(session, request, taken)
                         if isinstance(request, Call)
-                        else self._start_notify(conn, request, taken)
+                        else self._start_notify(session, request, taken)
                     )
                     if work is not None:
-                        state = work[2]
-                        if not self._charge(conn, state, cost, taken):
+                        state = work.state
+                        if not self._charge(session, state, cost, taken):
                             # Not read until the budget has room (see the module).
-                            await self._wait_for_budget(conn)
+                            await self._wait_for_budget(session)
                             state.charge = cost
-                        self._enqueue(conn, task_group, work)
+                        self._enqueue(session, task_group, work)
                 elif type(request) is Cancel:
-                    running = conn.running.get(request.id)
+                    running = session.running.get(request.id)
                     if running is not None:
                         running.cancelled_by_client = True
                         if running.started:
                             running.cancel()
                         else:
-                            self._withdraw(conn, request.id, running)
+                            self._withdraw(session, request.id, running)
                 elif type(request) is Credit:
-                    running = conn.running.get(request.id)
+                    running = session.running.get(request.id)
                     if running is not None:
                         running.add_credit(request.count)
                 else:
@@ -493,16 +519,16 @@ class Server:
                 logger.warning("rpc: a refusal could not be sent", exc_info=True)
             finally:
                 if held:  # not a call (a cancel, a credit, a malformed message)
-                    conn.keeper.release(held)  # type: ignore[union-attr]
+                    session.keeper.release(held)  # type: ignore[union-attr]
 
-    def _start(self, conn: _Connection, call: Call, held: int) -> _Work | None:
+    def _start(self, session: _Session, call: Call, held: int) -> _Invocation[Call] | None:
         """Refuse ``call`` (giving back the ``held`` bytes of the budget its
         message came with), or return it, to be charged and queued."""
         method = self._methods.get(call.method)
         refusal: tuple[ErrorCode, str] | None = None
         if method is None:
             refusal = ErrorCode.METHOD_NOT_FOUND, f"no method {_name(call.method)}"
-        elif call.id in conn.running:
+        elif call.id in session.running:
             refusal = ErrorCode.BAD_CALL, f"call id {call.id} is in use"
         elif call.stream != inspect.isasyncgenfunction(method):
             name = _name(call.method)
@@ -517,17 +543,19 @@ class Server:
         else:
             deadline = math.inf if call.timeout is None else anyio.current_time() + call.timeout
             running = _Running(deadline)
-            if self._admit(conn, running):
-                conn.running[call.id] = running
+            if self._admit(session, running):
+                session.running[call.id] = running
                 assert method is not None
-                return call, method, running
+                return _Invocation(call, method, running)
             refusal = ErrorCode.OVERLOADED, "the server is at its call limit"
         if held:
-            conn.keeper.release(held)  # type: ignore[union-attr]
-        self._refuse(conn, call, *refusal)
+            session.keeper.release(held)  # type: ignore[union-attr]
+        self._refuse(session, call, *refusal)
         return None
 
-    def _start_notify(self, conn: _Connection, notify: Notify, held: int) -> _Work | None:
+    def _start_notify(
+        self, session: _Session, notify: Notify, held: int
+    ) -> _Invocation[Notify] | None:
         """:meth:`_start` for a notification (dropped, not refused)."""
         method = self._methods.get(notify.method)
         running = _Running()
@@ -537,32 +565,32 @@ class Server:
             why = "it streams its results"
         elif self._stopping:
             why = "the server is shutting down"
-        elif not self._admit(conn, running):
+        elif not self._admit(session, running):
             why = "the server is at its limit"
         else:
-            return notify, method, running
+            return _Invocation(notify, method, running)
         if held:
-            conn.keeper.release(held)  # type: ignore[union-attr]
-        conn.dropped += 1
-        if conn.dropped & (conn.dropped - 1) == 0:  # 1, 2, 4, 8, ...: the log stays small
+            session.keeper.release(held)  # type: ignore[union-attr]
+        session.dropped += 1
+        if session.dropped & (session.dropped - 1) == 0:  # 1, 2, 4, 8, ...: the log stays small
             logger.warning(
                 "notification of %s dropped (%d on this connection): %s",
                 _name(notify.method),
-                conn.dropped,
+                session.dropped,
                 why,
             )
         return None
 
-    def _charge(self, conn: _Connection, running: _Running, cost: int, held: int) -> bool:
+    def _charge(self, session: _Session, running: _Running, cost: int, held: int) -> bool:
         """Charge a call about to be queued for its message, of ``cost`` bytes, of
         which ``held`` came reserved from the comm; return False if it must wait
         for the budget first (see the module)."""
-        keeper = conn.keeper
+        keeper = session.keeper
         if held or keeper is None or self._overload == "reject":
             running.charge = held
             return True
-        if cost <= conn.allowance:
-            conn.allowance -= cost
+        if cost <= session.allowance:
+            session.allowance -= cost
             running.allowance = cost
             return True
         if keeper.reserve(cost):
@@ -570,18 +598,18 @@ class Server:
             return True
         return False
 
-    async def _wait_for_budget(self, conn: _Connection) -> None:
+    async def _wait_for_budget(self, session: _Session) -> None:
         """Wait until the reservation the connection's account waits for is
         granted (or the account was closed for stalling), running the budget's
         stall check from time to time as a waiting comm does."""
-        keeper = conn.keeper
+        keeper = session.keeper
         assert keeper is not None
         budget = keeper.budget
         stall_timeout = budget.stall_timeout
         interval = math.inf if stall_timeout is None else min(stall_timeout / 4, 1.0)
         try:
             while keeper.wanted:
-                granted = conn.granted = anyio.Event()
+                granted = session.granted = anyio.Event()
                 keeper.on_grant = granted.set
                 with anyio.move_on_after(interval):
                     await granted.wait()
@@ -591,49 +619,51 @@ class Server:
             keeper.cancel()
             raise
         finally:
-            conn.granted = None
+            session.granted = None
             keeper.on_grant = None
 
-    def _uncharge(self, conn: _Connection, running: _Running) -> None:
+    def _uncharge(self, session: _Session, running: _Running) -> None:
         """Give back what a call's message was charged (its handler starts, or it
         left the queue)."""
         if running.charge:
-            conn.keeper.release(running.charge)  # type: ignore[union-attr]
+            session.keeper.release(running.charge)  # type: ignore[union-attr]
             running.charge = 0
         if running.allowance:
-            conn.allowance += running.allowance
+            session.allowance += running.allowance
             running.allowance = 0
 
-    def _admit(self, conn: _Connection, running: _Running) -> bool:
+    def _admit(self, session: _Session, running: _Running) -> bool:
         """Whether a call may be queued. With ``overload="reject"``, only if it can
         run now: fewer than ``max_calls_per_connection`` calls of the connection
         run, and a slot of the server's is free (taken for it now). Otherwise,
         only if fewer than ``max_waiting_per_connection`` calls wait on the
         connection."""
         if self._overload == "reject":
-            if conn.tasks >= self._max_per_connection or not self._slots.try_take():
+            if session.tasks >= self._max_per_connection or not self._slots.try_take():
                 return False
             running.holds_slot = True
-            conn.holders.add(running)
+            session.holders.add(running)
             return True
-        if conn.tasks >= self._max_per_connection + self._max_waiting:
-            self._sweep(conn)  # calls whose deadline passed while they waited
-        return conn.tasks < self._max_per_connection + self._max_waiting
+        if session.tasks >= self._max_per_connection + self._max_waiting:
+            self._sweep(session)  # calls whose deadline passed while they waited
+        return session.tasks < self._max_per_connection + self._max_waiting
 
-    def _sweep(self, conn: _Connection) -> None:
+    def _sweep(self, session: _Session) -> None:
         """Answer and take out the queued calls whose deadline has passed (and
         forget the started ones at the head of the deadlines)."""
         now = anyio.current_time()
-        expiries = conn.expiries
+        expiries = session.expiries
         while expiries:
-            deadline, _, call, running = expiries[0]
+            deadline, _, work = expiries[0]
+            running = work.state
             if running.started or running.withdrawn:
                 heapq.heappop(expiries)
             elif deadline <= now:
                 heapq.heappop(expiries)
-                self._withdraw(conn, call.id, running)
+                call = work.request
+                self._withdraw(session, call.id, running)
                 self._refuse(
-                    conn,
+                    session,
                     call,
                     ErrorCode.DEADLINE_EXCEEDED,
                     f"{_name(call.method)} waited past its deadline",
@@ -641,93 +671,94 @@ class Server:
             else:
                 break
 
-    async def _expire(self, conn: _Connection) -> None:
+    async def _expire(self, session: _Session) -> None:
         """The connection's timer: answer each queued call when its deadline
         passes, which gives its charge back (see the module)."""
         while True:
             try:
-                self._sweep(conn)
+                self._sweep(session)
             except (LocalProtocolError, SerializationError):  # a refusal that cannot go
                 logger.warning("rpc: a refusal could not be sent", exc_info=True)
                 continue  # (that call is out of the queue: on with the others)
-            wakeup = conn.expiry_wakeup = anyio.Event()
-            conn.expiry_at = conn.expiries[0][0] if conn.expiries else math.inf
-            with anyio.CancelScope(deadline=conn.expiry_at):
+            wakeup = session.expiry_wakeup = anyio.Event()
+            session.expiry_at = session.expiries[0][0] if session.expiries else math.inf
+            with anyio.CancelScope(deadline=session.expiry_at):
                 await wakeup.wait()
 
-    def _withdraw(self, conn: _Connection, call_id: int, running: _Running) -> None:
+    def _withdraw(self, session: _Session, call_id: int, running: _Running) -> None:
         """Take a call out of the queue before it started (a worker skips it)."""
         running.withdrawn = True
-        del conn.running[call_id]
-        self._release(conn, running)
-        self._uncharge(conn, running)
-        conn.tasks -= 1
+        del session.running[call_id]
+        self._release(session, running)
+        self._uncharge(session, running)
+        session.tasks -= 1
         self._check_idle()
 
-    def _enqueue(self, conn: _Connection, task_group: TaskGroup, work: _Work) -> None:
-        conn.queue.append(work)
-        conn.tasks += 1
-        if conn.idle_workers:
-            conn.idle_workers.pop().set()
-        elif conn.workers < self._max_per_connection:
-            conn.workers += 1
-            task_group.start_soon(self._worker, conn)
+    def _enqueue(self, session: _Session, task_group: TaskGroup, work: _Work) -> None:
+        session.queue.append(work)
+        session.tasks += 1
+        if session.idle_workers:
+            session.idle_workers.pop().set()
+        elif session.workers < self._max_per_connection:
+            session.workers += 1
+            task_group.start_soon(self._worker, session)
         else:
-            self._watch_deadline(conn, task_group, work)
+            self._watch_deadline(session, task_group, work)
 
-    def _watch_deadline(self, conn: _Connection, task_group: TaskGroup, work: _Work) -> None:
+    def _watch_deadline(self, session: _Session, task_group: TaskGroup, work: _Work) -> None:
         """Give the timer the deadline of a call that waits for a worker. (A worker
         is on its way to the others; its deadline scope covers what comes next.)"""
-        request, _method, running = work
-        if running.deadline == math.inf or type(request) is not Call:
+        running = work.state
+        if running.deadline == math.inf or not _is_call(work):
             return
-        expiries = conn.expiries
-        if len(expiries) > 2 * len(conn.queue) + 64:  # mostly started ones: compact
-            expiries[:] = [e for e in expiries if not (e[3].started or e[3].withdrawn)]
+        expiries = session.expiries
+        if len(expiries) > 2 * len(session.queue) + 64:  # mostly started ones: compact
+            expiries[:] = [e for e in expiries if not (e[2].state.started or e[2].state.withdrawn)]
             heapq.heapify(expiries)
-        conn.sequence += 1
-        heapq.heappush(expiries, (running.deadline, conn.sequence, request, running))
-        if conn.expiry_wakeup is None:  # the first: make the timer
-            conn.expiry_wakeup = anyio.Event()  # (which replaces it)
-            task_group.start_soon(self._expire, conn)
-        elif running.deadline < conn.expiry_at:
-            conn.expiry_wakeup.set()
+        session.sequence += 1
+        heapq.heappush(expiries, (running.deadline, session.sequence, work))
+        if session.expiry_wakeup is None:  # the first: make the timer
+            session.expiry_wakeup = anyio.Event()  # (which replaces it)
+            task_group.start_soon(self._expire, session)
+        elif running.deadline < session.expiry_at:
+            session.expiry_wakeup.set()
 
     @staticmethod
-    def _refuse(conn: _Connection, call: Call, code: ErrorCode, text: str) -> None:
+    def _refuse(session: _Session, call: Call, code: ErrorCode, text: str) -> None:
         """Answer ``call`` with an error now (the connection is not read while its
         outbox is full, so these stay bounded)."""
-        conn.outbox.put_now(ErrorReply(call.id, code, code.name, text).encode())
+        session.outbox.put_now(ErrorReply(call.id, code, code.name, text).encode())
 
-    async def _worker(self, conn: _Connection) -> None:
+    async def _worker(self, session: _Session) -> None:
         """Run the connection's calls, first come, first served, until it ends;
         each in a copy of the context this worker started with."""
-        queue = conn.queue
+        queue = session.queue
         base = contextvars.copy_context()
         since_yield = 0
-        outbox = conn.outbox
+        outbox = session.outbox
         try:
-            while outbox.open and not conn.ended:  # (the writer may see the end first)
+            while outbox.open and not session.ended:  # (the writer may see the end first)
                 if not queue:
                     wakeup = anyio.Event()
-                    conn.idle_workers.append(wakeup)
+                    session.idle_workers.append(wakeup)
                     await wakeup.wait()
                     since_yield = 0
                     continue
-                request, method, running = queue.popleft()
+                work = queue.popleft()
+                running = work.state
                 if running.withdrawn:
                     continue
                 running.started = True
                 try:
-                    if isinstance(request, Call):
-                        await self._run_call(conn, request, method, running, base.copy())
+                    if _is_call(work):
+                        await self._run_call(session, work, base.copy())
                     else:
-                        await self._run_notify(conn, request, method, running, base.copy())
+                        await self._run_notify(session, work, base.copy())
                 finally:
-                    self._release(conn, running)
-                    self._uncharge(conn, running)
-                    conn.finished += 1
-                    conn.tasks -= 1
+                    self._release(session, running)
+                    self._uncharge(session, running)
+                    session.finished += 1
+                    session.tasks -= 1
                     self._check_idle()
                 since_yield += 1
                 if since_yield >= YIELD_EVERY:
@@ -735,28 +766,25 @@ class Server:
                     since_yield = 0
                     await checkpoint()
         finally:
-            conn.workers -= 1
+            session.workers -= 1
 
-    async def _take_slot(self, conn: _Connection, running: _Running) -> None:
+    async def _take_slot(self, session: _Session, running: _Running) -> None:
         if not running.holds_slot:
             await self._slots.take()
             running.holds_slot = True
-            conn.holders.add(running)
+            session.holders.add(running)
 
-    def _release(self, conn: _Connection, running: _Running) -> None:
+    def _release(self, session: _Session, running: _Running) -> None:
         if running.holds_slot:
             running.holds_slot = False
-            conn.holders.discard(running)
+            session.holders.discard(running)
             self._slots.give()
 
     async def _run_call(
-        self,
-        conn: _Connection,
-        call: Call,
-        method: Callable[..., Any],
-        running: _Running,
-        context: contextvars.Context,
+        self, session: _Session, work: _Invocation[Call], context: contextvars.Context
     ) -> None:
+        call = work.request
+        running = work.state
         reply: Result | ErrorReply | None = None
         try:
             if _withdrawn(running):
@@ -765,14 +793,14 @@ class Server:
                 running.scope = scope
                 if running.deadline != math.inf and anyio.current_time() >= running.deadline:
                     await checkpoint()  # its deadline passed in the queue: cancelled here
-                await self._take_slot(conn, running)
-                self._uncharge(conn, running)  # its arguments are the handler's now
+                await self._take_slot(session, running)
+                self._uncharge(session, running)  # its arguments are the handler's now
                 if call.stream:
-                    reply = await self._invoke_stream(conn, call, method, running, context)
+                    reply = await self._invoke_stream(session, work, context)
                 else:
-                    reply = await self._invoke(call, method, context)
+                    reply = await self._invoke(work, context)
             running.scope = None
-            self._release(conn, running)
+            self._release(session, running)
             if running.failure is not None:
                 failure = running.failure
                 reply = ErrorReply(call.id, ErrorCode.ERROR, _type_name(failure), _text(failure))
@@ -785,15 +813,16 @@ class Server:
                     "DeadlineExceeded",
                     f"{call.method}() did not finish within {call.timeout} seconds",
                 )
-            await self._reply(conn, call, reply)
+            await self._reply(session, call, reply)
         finally:
-            del conn.running[call.id]
+            del session.running[call.id]
 
     async def _invoke(
-        self, call: Call, method: Callable[..., Any], context: contextvars.Context
+        self, work: _Invocation[Call], context: contextvars.Context
     ) -> Result | ErrorReply:
+        call = work.request
         try:
-            result, refusal = context.run(_apply, call, method)
+            result, refusal = context.run(_apply, call, work.handler)
             if refusal is not None:
                 return refusal
             if inspect.iscoroutine(result):
@@ -805,19 +834,17 @@ class Server:
         return Result(call.id, result)
 
     async def _invoke_stream(
-        self,
-        conn: _Connection,
-        call: Call,
-        method: Callable[..., Any],
-        running: _Running,
-        context: contextvars.Context,
+        self, session: _Session, work: _Invocation[Call], context: contextvars.Context
     ) -> Result | ErrorReply:
+        call = work.request
+        running = work.state
+
         def refused(exc: LocalProtocolError) -> None:
             running.failure = exc  # the reply says so, once the generator is closed
             running.cancel()
 
         try:
-            items, refusal = context.run(_apply, call, method)
+            items, refusal = context.run(_apply, call, work.handler)
             if refusal is not None:
                 return refusal
             try:
@@ -830,7 +857,7 @@ class Server:
                         running.credited = anyio.Event()
                         await running.credited.wait()
                     running.credit -= 1
-                    await conn.outbox.put(Item(call.id, item).encode(), refused)
+                    await session.outbox.put(Item(call.id, item).encode(), refused)
             finally:
                 await InContext(items.aclose(), context)
         except Exception as exc:
@@ -838,33 +865,30 @@ class Server:
         return Result(call.id, None)
 
     @staticmethod
-    async def _reply(conn: _Connection, call: Call, reply: Result | ErrorReply) -> None:
+    async def _reply(session: _Session, call: Call, reply: Result | ErrorReply) -> None:
         def refused(exc: LocalProtocolError) -> None:
-            conn.outbox.put_now(
+            session.outbox.put_now(
                 ErrorReply(call.id, ErrorCode.ERROR, _type_name(exc), _text(exc)).encode()
             )
 
         try:
-            await conn.outbox.put(reply.encode(), refused)
+            await session.outbox.put(reply.encode(), refused)
         except (SerializationError, LocalProtocolError) as exc:
             error = ErrorReply(call.id, ErrorCode.ERROR, _type_name(exc), _text(exc))
             with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError):
-                await conn.outbox.put(error.encode())
+                await session.outbox.put(error.encode())
         except (anyio.BrokenResourceError, anyio.ClosedResourceError):
             pass  # the connection ended: nobody to tell
 
     async def _run_notify(
-        self,
-        conn: _Connection,
-        notify: Notify,
-        method: Callable[..., Any],
-        running: _Running,
-        context: contextvars.Context,
+        self, session: _Session, work: _Invocation[Notify], context: contextvars.Context
     ) -> None:
-        await self._take_slot(conn, running)
-        self._uncharge(conn, running)
+        notify = work.request
+        running = work.state
+        await self._take_slot(session, running)
+        self._uncharge(session, running)
         try:
-            result = context.run(method, *notify.args, **notify.kwargs)
+            result = context.run(work.handler, *notify.args, **notify.kwargs)
             if inspect.iscoroutine(result):
                 await InContext(result, context)
             elif inspect.isawaitable(result):
