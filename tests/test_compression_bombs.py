@@ -20,7 +20,7 @@ from anyio import BrokenResourceError
 import anyio_comm
 from anyio_comm import Comm, Limits, ReceiveBudget, RemoteProtocolError
 from anyio_comm._receivers import OFFLOAD_MIN
-from anyio_comm._sansio import decoder as decoder_module
+from anyio_comm._sansio import inflate as inflate_module
 from anyio_comm._sansio.wire import encode_preamble
 
 from .helpers import TLS_VERSIONS, connected_pair
@@ -48,13 +48,13 @@ def zstd_message(size: int, frames: int = 1) -> bytes:
 def decompressions(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, int]]:
     """Every decompression the receivers run: (frame length, thread id)."""
     seen: list[tuple[int, int]] = []
-    real = decoder_module.decompress_into
+    real = inflate_module.decompress_into
 
     def spy(codec: int, data: Any, out: memoryview) -> None:
         seen.append((out.nbytes, threading.get_ident()))
         real(codec, data, out)
 
-    monkeypatch.setattr(decoder_module, "decompress_into", spy)
+    monkeypatch.setattr(inflate_module, "decompress_into", spy)
     return seen
 
 

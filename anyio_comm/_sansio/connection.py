@@ -315,10 +315,10 @@ class Connection:
         layer to decompress (status DECOMPRESS): those of ``offload_min`` bytes
         and more (decompressed), and the next one after ``check_every`` bytes were
         decompressed by :meth:`next_message` itself."""
-        decoder = self._decoder
         self.receiving.mode = mode
-        decoder.offload_min = offload_min
-        decoder.check_every = check_every
+        inflater = self._decoder.inflater
+        inflater.offload_min = offload_min
+        inflater.check_every = check_every
 
     @property
     def received_in_message(self) -> int:

@@ -55,9 +55,9 @@ their own, at most the frame's length less one, then decompressed into the
 frame's buffer; while it is read, that buffer adds at most as much again as
 the frame. What a message of compressed frames holds is bounded by the limits,
 not by the bytes that arrived (``received_in_message`` counts the latter).
-A frame of :attr:`~FrameDecoder.offload_min` bytes or more is not decompressed
-by :meth:`~FrameDecoder.next_message`: it stops there with
-:attr:`~FrameDecoder.state` DECOMPRESS, and the I/O layer runs
+A frame of ``offload_min`` bytes or more (see :mod:`~anyio_comm._sansio.inflate`)
+is not decompressed by :meth:`~FrameDecoder.next_message`: it stops there with
+status DECOMPRESS, and the I/O layer runs
 :meth:`~FrameDecoder.decompress`, in a worker thread say (the decoder is not
 touched meanwhile), then calls :meth:`~FrameDecoder.next_message` again.
 
@@ -107,9 +107,10 @@ from typing import TYPE_CHECKING, Final, NoReturn
 from .budget import BudgetAccount, message_cost
 from .buffers import Allocator, allocate, default_allocator
 from .close import CLOSE_MARKER, parse_close_record
-from .compression import CODEC_SHIFT, CODECS, LENGTH_MASK, decompress_into
+from .compression import CODECS
 from .errors import EndOfData, RemoteProtocolError
 from .frames import PACK_BELOW, Frames, PackedFrames
+from .inflate import Inflater
 from .pool import ALIGNMENT, BufferPool
 from .wire import (
     CAPABILITIES_VERSION,
@@ -284,7 +285,6 @@ class FrameDecoder:
         "_buf",
         "_capabilities",
         "_close_records",
-        "_codecs",
         "_direct",
         "_direct_threshold",
         "_end",
@@ -309,15 +309,8 @@ class FrameDecoder:
         "_target",
         "_version",
         "_view",
-        "_zadjust",
-        "_zcodecs",
-        "_zerror",
-        "_zinline",
-        "_zjob",
-        "_zphase",
         "budget_min",
-        "check_every",
-        "offload_min",
+        "inflater",
         "on_handshake",
         "state",
     )
@@ -340,38 +333,12 @@ class FrameDecoder:
         self._capabilities = capabilities
         # a frame count of CLOSE_MARKER begins a close record (set by the preamble)
         self._close_records = False
-        # the codec ids we decompress, once the connection's version has them
-        self._codecs: frozenset[int] = frozenset(CODECS[name] for name in compression)
-        # the compressed frames of the message being received: index -> codec
-        # (None: it has none); the phase of the one being read: 0 none, 1 its
-        # compressed length, 2 its compressed bytes, 3 its decompression (left
-        # to the I/O layer: status DECOMPRESS; then the frame is _target)
-        self._zcodecs: dict[int, int] | None = None
-        self._zphase = 0
-        # the decompression left to the I/O layer: codec, compressed bytes,
-        # length, and the frame's buffer (None: allocated by decompress())
-        self._zjob: tuple[int, memoryview, int, memoryview | None] | None = None
-        # what that decompression raised, raised by the next next_message()
-        self._zerror: RemoteProtocolError | None = None
-        # bytes decompressed here since the I/O layer last ran a decompression
-        self._zinline = 0
-        #: compressed frames of at least this length (decompressed) are not
-        #: decompressed here: :meth:`next_message` stops with
-        #: status DECOMPRESS, and the I/O layer runs
-        #: :meth:`decompress` (in a worker thread, say) before it calls
-        #: :meth:`next_message` again
-        self.offload_min = LENGTH_MASK + 1
-        #: ... and so is the next compressed frame once this many bytes were
-        #: decompressed here since the I/O layer last ran one (so that it can
-        #: check from time to time that the peer is still there)
-        self.check_every = LENGTH_MASK + 1
+        self._allocator: Allocator = allocator or default_allocator
+        #: the compressed frames of the message being received (see its module)
+        self.inflater = Inflater(frozenset(CODECS[name] for name in compression), self._allocator)
         #: its status (what :meth:`next_message` waits for when it returns
         #: ``None``) and mode (who reads: see :class:`ReceiveMode`)
         self.state = state if state is not None else ReceiveState()
-        # what the message's compressed frames took on the wire, less what they
-        # count as (their decompressed lengths, their prefix in _filled)
-        self._zadjust = 0
-        self._allocator: Allocator = allocator or default_allocator
         # Frames that fit in the read-ahead buffer are plain bytearrays whoever
         # allocates: the fast paths copy them out of it themselves.
         self._fast_alloc = self._allocator is default_allocator or (
@@ -466,10 +433,10 @@ class FrameDecoder:
             return self._end - self._start
         received = self._end - self._start
         if state is _PACKED:
-            received += 4 + 8 * len(self._lengths) + len(self._small) + self._zadjust
+            received += 4 + 8 * len(self._lengths) + len(self._small) + self.inflater.adjust
             received += sum(map(len, self._frames))
             return received + (self._filled if self._target is not None else 0)
-        received += self._filled + self._zadjust  # (the frame being filled)
+        received += self._filled + self.inflater.adjust  # (the frame being filled)
         if state is _FRAME:
             received += 4 + 8 * len(self._lengths) + sum(map(len, self._frames))
         else:  # LENGTHS: the count came before the table
@@ -484,25 +451,19 @@ class FrameDecoder:
     @property
     def decompression_size(self) -> int:
         """The length of the frame status DECOMPRESS waits for (0: none)."""
-        job = self._zjob
+        job = self.inflater.job
         return 0 if job is None else job[2]
 
     def prepare_decompression(self) -> None:
-        """Allocate the buffer of the frame status DECOMPRESS waits for,
-        unless :meth:`decompress` may do it in another thread (the default
-        allocator: then it does, the zeroing of a ``bytearray`` being work too).
-        Call it in the event loop's thread, when the frame is wanted (the
-        consumer let go of the previous message), before :meth:`decompress`.
+        """Allocate the buffer of the frame status DECOMPRESS waits for, in the
+        event loop's thread, when the frame is wanted (the consumer let go of the
+        previous message), before :meth:`decompress`.
 
         Raises:
             RuntimeError: no decompression is due.
             MemoryError: as the allocator raises it.
         """
-        job = self._zjob
-        if job is None:
-            raise RuntimeError("no decompression is due")
-        if job[3] is None and self._allocator is not default_allocator:
-            self._zjob = (*job[:3], allocate(self._allocator, job[2]))
+        self.inflater.prepare()
 
     def decompress(self) -> None:
         """Run the decompression status DECOMPRESS announced (after
@@ -515,26 +476,10 @@ class FrameDecoder:
         Raises:
             RuntimeError: no decompression is due.
         """
-        job = self._zjob
-        if job is None:
-            raise RuntimeError("no decompression is due")
-        codec, data, length, frame = job
-        try:
-            if frame is None:
-                frame = allocate(default_allocator, length)
-            decompress_into(codec, data, frame)
-        except RemoteProtocolError as exc:
-            self._zerror = exc.with_traceback(None)
-            frame = None  # (not kept: the next next_message() raises)
-        except MemoryError:
-            self._zerror = RemoteProtocolError(
-                f"no memory for a compressed frame of {length} bytes", rule="wire-format"
-            )
-            frame = None
-        self._zjob = None
+        frame = self.inflater.run()
         if frame is not None and self._state is not _ENDED:
             self._target = frame
-            self._filled = length
+            self._filled = frame.nbytes
         if self.state.status is _DECOMPRESS:
             self.state.status = _NEED_DATA
 
@@ -697,7 +642,7 @@ class FrameDecoder:
             )
             self._close_records = Capability.CLOSE_REASONS in self._capabilities
         else:
-            self._codecs = frozenset()
+            self.inflater.forget_codecs()
         self._start = body + length
         if len(self._buf) != self._read_buffer_size:
             self._grow()
@@ -813,8 +758,8 @@ class FrameDecoder:
                 return None  # still in the budget's line
             receiving.status = _NEED_DATA  # (what still holds is found again below)
         state = self._state
-        if self._zerror is not None:
-            raise self._zerror
+        if self.inflater.error is not None:
+            raise self.inflater.error
         view = self._view
         while True:
             if state is _COUNT:
@@ -851,52 +796,91 @@ class FrameDecoder:
             if state is _PACKED:
                 return self._fill_packed()
 
-            target = self._target
-            if target is None:
-                # FRAME, next frame not started yet
-                frames = self._frames
-                index = len(frames)
-                length = self._lengths[index]
-                zcodecs = self._zcodecs
-                if zcodecs is not None and index in zcodecs:
-                    self._target = self._start_compressed()
-                    continue
-                start = self._start
-                avail = self._end - start
-                if self._fast_alloc and avail >= length:
-                    frames.append(memoryview(bytearray(view[start : start + length])))
-                    self._start = start + length
-                    if len(frames) == len(self._lengths):
-                        return self._finish_message()
-                    continue
-                if length - avail >= self._direct_threshold:
-                    # Its rest will be read directly into its buffer: allocate that
-                    # buffer at the next get_buffer(), when the bytes are wanted.
-                    self._check_eof("a message")
-                    self.state.status = _TASK_READS_FRAME
+            if self._target is not None:
+                target = self._close_frame(len(self._frames))
+                if target is None:
                     return None
-                target = self._target = allocate(self._allocator, length)
-                self._filled = 0
+                if state is _LENGTHS:
+                    self._begin_frames(unpack_lengths(target, 0, target.nbytes // 8))
+                    if self.state.status is _WAIT_BUDGET:
+                        return None
+                    state = self._state
+                    continue
+            else:  # FRAME, the next frame not begun
+                index = len(self._frames)
+                target = self._open_frame(index, self._lengths[index])
+                if target is None:
+                    if self.state.status is _TASK_READS_FRAME:
+                        return None  # its rest is read directly into its buffer
+                    continue  # (its buffer, or a compressed frame's prefix, is the target)
+            self._frames.append(target)
+            if len(self._frames) == len(self._lengths):
+                return self._finish_message()
 
+    def _open_frame(self, index: int, length: int) -> memoryview | None:
+        """Begin frame ``index`` of the message (``length`` bytes), the one way every
+        frame begins; return it if it is complete already.
+
+        A compressed frame's prefix becomes the target. A frame whole in the
+        read-ahead buffer is copied out (the fast paths' buffers). A frame whose
+        rest will be read directly into its buffer gets that buffer at the next
+        :meth:`get_buffer`, when the bytes are wanted (status TASK_READS_FRAME; no
+        target). Any other frame's buffer becomes the target.
+
+        Raises:
+            EndOfData: a frame is left to be read, and the stream ended.
+        """
+        inflater = self.inflater
+        codecs = inflater.codecs
+        self._filled = 0
+        if codecs is not None and index in codecs:
+            self._target = inflater.prefix()
+            return None
+        start = self._start
+        avail = self._end - start
+        if self._fast_alloc and avail >= length:
+            self._start = start + length
+            return memoryview(bytearray(self._view[start : start + length]))
+        if length - avail >= self._direct_threshold:
+            self._check_eof("a message")
+            self.state.status = _TASK_READS_FRAME
+            return None
+        self._target = allocate(self._allocator, length)
+        return None
+
+    def _close_frame(self, index: int) -> memoryview | None:
+        """Fill the target (the length table, or a part of frame ``index``) from the
+        read-ahead buffer, the one way every target completes; return the table or
+        the frame once it is whole, else ``None``: more bytes are needed, or the
+        frame's decompression is left to the I/O layer (status DECOMPRESS).
+
+        Raises:
+            EndOfData: the target is not full, and the stream ended.
+            RemoteProtocolError: a compressed frame that breaks the rules (see
+                :mod:`~anyio_comm._sansio.inflate`).
+        """
+        inflater = self.inflater
+        while True:
+            target = self._target
+            assert target is not None
             if target.nbytes != self._filled and not self._fill(target):
                 return None
             self._target = None
             self._filled = 0
-            if self._zphase:
-                target = self._compressed_step(target, len(self._frames))
-                if target is None:
-                    if self._zjob is not None:
-                        return None  # the I/O layer decompresses it
-                    continue  # its compressed bytes are the target now
-            if state is _LENGTHS:
-                self._begin_frames(unpack_lengths(target, 0, target.nbytes // 8))
-                if self.state.status is _WAIT_BUDGET:
-                    return None
-                state = self._state
+            phase = inflater.phase
+            if not phase:
+                return target
+            length = self._lengths[index]
+            if phase == 1:
+                self._target = inflater.prefix_read(target, index, length)
                 continue
-            self._frames.append(target)
-            if len(self._frames) == len(self._lengths):
-                return self._finish_message()
+            if phase == 3:
+                inflater.phase = 0
+                return target  # decompressed by decompress()
+            frame = inflater.compressed_read(target, index, length)
+            if frame is None:
+                self.state.status = _DECOMPRESS
+            return frame
 
     def _close_record(self, start: int) -> None:
         """Parse the close record at ``start``; return if it is not whole yet.
@@ -964,10 +948,7 @@ class FrameDecoder:
 
     def _begin_frames(self, lengths: tuple[int, ...]) -> None:
         limits = self._limits
-        self._zcodecs = None
-        self._zadjust = 0
-        if self._codecs and max(lengths) > LENGTH_MASK:
-            lengths = self._split_codecs(lengths)
+        lengths = self.inflater.begin(lengths)
         total = 0
         for length in lengths:
             if length > limits.max_frame_size:
@@ -1001,87 +982,6 @@ class FrameDecoder:
                 if not account.reserve(cost):
                     self.state.status = _WAIT_BUDGET
 
-    def _split_codecs(self, entries: tuple[int, ...]) -> tuple[int, ...]:
-        """The frame lengths of a length table with compressed frames (their codec
-        in the top byte of their entry); record which frames are compressed.
-
-        Raises:
-            RemoteProtocolError: a codec we did not announce, or a compressed
-                frame of length 0.
-        """
-        zcodecs = {}
-        lengths = []
-        for index, entry in enumerate(entries):
-            codec = entry >> CODEC_SHIFT
-            length = entry & LENGTH_MASK
-            if codec:
-                if codec not in self._codecs:
-                    raise RemoteProtocolError(
-                        f"frame {index} compressed with codec {codec}, which we did not announce",
-                        rule="wire-format",
-                    )
-                if not length:
-                    raise RemoteProtocolError(
-                        f"compressed frame {index} of length 0", rule="wire-format"
-                    )
-                zcodecs[index] = codec
-            lengths.append(length)
-        self._zcodecs = zcodecs
-        return tuple(lengths)
-
-    def _start_compressed(self) -> memoryview:
-        """The target of a compressed frame's first 8 bytes (its compressed length)."""
-        self._zphase = 1
-        self._filled = 0
-        return memoryview(bytearray(8))
-
-    def _compressed_step(self, target: memoryview, index: int) -> memoryview | None:
-        """A compressed frame's ``target`` is full: after its compressed length, the
-        target of its compressed bytes (``None`` returned); after those, its
-        decompressed frame, or ``None`` with status DECOMPRESS (the
-        I/O layer decompresses it); after that, the frame ``target`` is.
-
-        Raises:
-            RemoteProtocolError: a compressed length of 0 or not below the frame's
-                length, or bytes that do not decompress to exactly that length.
-        """
-        length = self._lengths[index]
-        phase = self._zphase
-        if phase == 1:
-            compressed = int.from_bytes(target, "big")
-            if not 0 < compressed < length:
-                raise RemoteProtocolError(
-                    f"compressed frame {index} of {length} bytes announces {compressed} "
-                    "compressed bytes (more than 0, fewer than its length, expected)",
-                    rule="wire-format",
-                )
-            self._zphase = 2
-            self._zadjust += 8  # the prefix, no longer in _filled
-            self._target = allocate(self._allocator, compressed)
-            self._filled = 0
-            return None
-        self._zphase = 0
-        if phase == 3:
-            return target  # decompressed by decompress()
-        self._zadjust += target.nbytes - length  # on the wire: its compressed bytes
-        assert self._zcodecs is not None
-        codec = self._zcodecs[index]
-        if length >= self.offload_min or self._zinline + length > self.check_every:
-            # (its buffer is allocated when the I/O layer runs it: see decompress)
-            self._zjob = (codec, target, length, None)
-            self._zphase = 3
-            self._zinline = 0
-            self.state.status = _DECOMPRESS
-            return None
-        self._zinline += length
-        frame = allocate(self._allocator, length)
-        try:
-            decompress_into(codec, target, frame)
-        except RemoteProtocolError:
-            del frame  # (the error's traceback must not hold the frame's buffer)
-            raise
-        return frame
-
     def _fill_packed(self) -> PackedFrames | None:
         """Take the frames of a many-frame message (state PACKED): those shorter than
         PACK_BELOW into ``_small``, the others into buffers of their own."""
@@ -1090,74 +990,72 @@ class FrameDecoder:
             return None
         lengths = self._lengths
         count = len(lengths)
-        view = self._view
         small = self._small
         frames = self._frames
-        zcodecs = self._zcodecs
+        codecs = self.inflater.codecs
         while True:
-            target = self._target
-            if target is not None:
-                if target.nbytes != self._filled and not self._fill(target):
+            if self._target is not None:
+                frame = self._close_frame(self._index)
+                if frame is None:
                     return None
-                self._target = None
-                self._filled = 0
-                if self._zphase:
-                    target = self._compressed_step(target, self._index)
-                    if target is None:
-                        if self._zjob is not None:
-                            return None  # the I/O layer decompresses it
-                        continue
-                if target.nbytes < PACK_BELOW:
-                    small += target  # a short compressed frame: packed like the others
-                else:
-                    frames.append(target)
-                self._index += 1
-            index = self._index
-            if index == count:
-                return self._finish_packed()
-            length = lengths[index]
-            if zcodecs is not None and index in zcodecs:
-                self._target = self._start_compressed()
-                continue
-            start = self._start
-            avail = self._end - start
-            if length < PACK_BELOW:
-                # _filled: the bytes of this frame already in _small
-                end = start + length - self._filled
-                stop = self._end
-                if end > stop:
-                    small += view[start:stop]
-                    self._filled += avail
-                    self._start = stop
-                    self._check_eof("a message")
-                    return None
-                # the short frames after it that are here: their bytes follow its
-                index += 1
-                while index < count:
-                    length = lengths[index]
-                    if (
-                        length >= PACK_BELOW
-                        or end + length > stop
-                        or (zcodecs is not None and index in zcodecs)
-                    ):
-                        break
-                    end += length
-                    index += 1
-                if end > start:
-                    small += view[start:end]
-                self._start = end
-                self._filled = 0
-                self._index = index
-            elif self._fast_alloc and avail >= length:
-                frames.append(memoryview(bytearray(view[start : start + length])))
-                self._start = start + length
-                self._index = index + 1
-            elif length - avail >= self._direct_threshold:
-                self._check_eof("a message")
-                self.state.status = _TASK_READS_FRAME
-                return None
             else:
-                self._target = allocate(self._allocator, length)
+                index = self._index
+                if index == count:
+                    return self._finish_packed()
+                length = lengths[index]
+                if length < PACK_BELOW and (codecs is None or index not in codecs):
+                    if not self._take_short_frames(index):
+                        return None  # (the rest of a short frame is missing)
+                    continue
+                frame = self._open_frame(index, length)
+                if frame is None:
+                    if self.state.status is _TASK_READS_FRAME:
+                        return None  # its rest is read directly into its buffer
+                    continue
+            if frame.nbytes < PACK_BELOW:
+                small += frame  # a short compressed frame: packed like the others
+            else:
+                frames.append(frame)
+            self._index += 1
+
+    def _take_short_frames(self, index: int) -> bool:
+        """Move the short frame ``index`` and the short frames after it that are in
+        the read-ahead buffer into ``_small``; return False if frame ``index`` is
+        not whole yet (``_filled`` keeps how much of it arrived).
+
+        Raises:
+            EndOfData: a frame is cut off, and the stream ended.
+        """
+        lengths = self._lengths
+        count = len(lengths)
+        codecs = self.inflater.codecs
+        start = self._start
+        stop = self._end
+        # _filled: the bytes of this frame already in _small
+        end = start + lengths[index] - self._filled
+        if end > stop:
+            self._small += self._view[start:stop]
+            self._filled += stop - start
+            self._start = stop
+            self._check_eof("a message")
+            return False
+        index += 1
+        while index < count:
+            length = lengths[index]
+            if (
+                length >= PACK_BELOW
+                or end + length > stop
+                or (codecs is not None and index in codecs)
+            ):
+                break
+            end += length
+            index += 1
+        if end > start:
+            self._small += self._view[start:end]
+        self._start = end
+        self._filled = 0
+        self._index = index
+        return True
 
     def _finish_packed(self) -> PackedFrames:
         """Deliver the complete many-frame message, its short frames where they
@@ -1180,8 +1078,7 @@ class FrameDecoder:
         self._frames = []
         self._lengths = ()
         self._positions = None
-        self._zcodecs = None
-        self._zadjust = 0
+        self.inflater.end()
         self._state = _COUNT
         return frames
 
@@ -1202,10 +1099,7 @@ class FrameDecoder:
             self._reserved = 0
         self.state.status = ReceiveStatus.ENDED
         self._target = None
-        self._zphase = 0
-        self._zcodecs = None
-        self._zadjust = 0
-        self._zjob = self._zerror = None
+        self.inflater.end()
         self._frames = []
         self._small = bytearray()
         self._index = 0

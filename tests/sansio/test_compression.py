@@ -343,7 +343,7 @@ def test_a_large_frame_is_decompressed_when_the_io_layer_says() -> None:
     run in another thread and raises nothing."""
     data = bytes(150_000) + text(20_000)  # (compressed, less than the read-ahead buffer)
     decoder = decoder_after_preamble()
-    decoder.offload_min = 100_000
+    decoder.inflater.offload_min = 100_000
     assert decoder.state.status is not ReceiveStatus.DECOMPRESS and decoder.decompression_size == 0
     with pytest.raises(RuntimeError, match="no decompression is due"):
         decoder.decompress()
@@ -368,7 +368,7 @@ def test_a_large_frame_is_decompressed_when_the_io_layer_says() -> None:
 
 def test_a_bad_frame_left_to_the_io_layer_fails_the_next_call() -> None:
     decoder = decoder_after_preamble()
-    decoder.offload_min = 64
+    decoder.inflater.offload_min = 64
     decoder.feed(compressed_message(65, lz4(b"a" * 64)))
     assert decoder.next_message() is None and decoder.state.status is ReceiveStatus.DECOMPRESS
     decoder.prepare_decompression()
@@ -385,7 +385,7 @@ def test_check_every_leaves_a_small_frame_to_the_io_layer_now_and_then() -> None
     compressed frame, however short, waits for the I/O layer (which checks that
     the peer is still there before it runs it)."""
     decoder = decoder_after_preamble()
-    decoder.check_every = 2500
+    decoder.inflater.check_every = 2500
     decoder.feed(compressed_message(1000, lz4(bytes(1000))) * 6)
     due = []
     for _ in range(6):
@@ -411,7 +411,7 @@ def test_a_pool_buffer_is_taken_when_the_io_layer_prepares_it() -> None:
     decoder = FrameDecoder(compression=("lz4",), allocator=allocator)
     decoder.feed(encode_preamble(Limits()))
     assert decoder.next_handshake() is not None
-    decoder.offload_min = 1000
+    decoder.inflater.offload_min = 1000
     data = text(5000)
     decoder.feed(compressed_message(len(data), lz4(data)))
     assert decoder.next_message() is None
