@@ -61,6 +61,7 @@ __all__ = [
     "FRAME_COST",
     "BudgetAccount",
     "ReceiveBudget",
+    "Reservations",
     "frames_cost",
     "message_cost",
 ]
@@ -290,6 +291,8 @@ class BudgetAccount:
             progress (set by the I/O layer); the stall check compares it.
         on_stall: ``on_stall(reason)`` closes the connection (set by the I/O
             layer; called by :meth:`stall`).
+        keeper: the account that the reservations of taken messages go to
+            (:meth:`taken`); ``None``: they are given back.
     """
 
     __slots__ = (
@@ -300,6 +303,7 @@ class BudgetAccount:
         "_stalled_since",
         "_starving",
         "held",
+        "keeper",
         "on_grant",
         "on_stall",
         "progress",
@@ -320,6 +324,7 @@ class BudgetAccount:
         self._stalled_since: float | None = None
         self._starving = False
         self._large = 0  # the part of held that is in the budget's own lane
+        self.keeper: BudgetAccount | None = None
 
     @property
     def budget(self) -> ReceiveBudget:
@@ -379,6 +384,23 @@ class BudgetAccount:
             self._large = 0
             to._large = nbytes
 
+    def taken(self, nbytes: int) -> None:
+        """A message that held ``nbytes`` was taken by the application: give them
+        back, or hand them to :attr:`keeper`."""
+        keeper = self.keeper
+        if keeper is None:
+            self.release(nbytes)
+        else:
+            self.transfer(nbytes, keeper)
+
+    def abandon(self, nbytes: int) -> None:
+        """The message that reserved ``nbytes``, or waits for them, will not be
+        delivered (its stream ended): leave the line, or give them back."""
+        if self.wanted:
+            self.cancel()
+        else:
+            self.release(nbytes)
+
     def cancel(self) -> None:
         """Leave the line without the reservation waited for (if waiting)."""
         if self.wanted:
@@ -402,7 +424,7 @@ class BudgetAccount:
         if self._closed:
             return
         self._closed = True
-        self.on_grant = self.on_stall = None
+        self.on_grant = self.on_stall = self.keeper = None
         self.progress = _no_progress
         budget = self._budget
         budget._accounts.discard(self)
@@ -415,3 +437,55 @@ class BudgetAccount:
         self.held = 0
         if budget._waiters:
             budget._grant_waiters()
+
+
+@final
+class Reservations:
+    """The receive budget as a connection's frame decoder draws on it: a message
+    costing at least :attr:`minimum` is reserved from :attr:`account` when its
+    header arrives (:meth:`reserve`), before anything is allocated for it, and
+    given back as it completes (:meth:`complete`), or when the I/O layer reports
+    it taken (the account's :meth:`~BudgetAccount.taken`), or when the stream
+    ends (:meth:`abandon`).
+
+    Args:
+        account: the connection's account.
+        minimum: the least cost reserved (smaller messages never are).
+    """
+
+    __slots__ = ("account", "held", "minimum")
+
+    def __init__(self, account: BudgetAccount, minimum: int) -> None:
+        self.account = account
+        self.minimum = minimum
+        #: what the message being received reserved (0: nothing)
+        self.held = 0
+
+    def reserve(self, nbytes: int, frames: int) -> bool:
+        """The header of a message of ``frames`` frames and ``nbytes`` bytes
+        arrived: reserve it if it costs :attr:`minimum` or more; return False if
+        it waits in the budget's line (see :attr:`waiting`)."""
+        cost = message_cost(nbytes, frames)
+        if cost < self.minimum:
+            return True
+        self.held = cost
+        return self.account.reserve(cost)
+
+    @property
+    def waiting(self) -> bool:
+        """True while the message's reservation waits in the budget's line."""
+        return bool(self.account.wanted)
+
+    def complete(self, give_back: bool) -> None:
+        """The message is complete: give its reservation back now if
+        ``give_back`` (no queue between the decoder and the application), else
+        the I/O layer does when it is taken."""
+        if give_back:
+            self.account.taken(self.held)
+        self.held = 0
+
+    def abandon(self) -> None:
+        """The stream ended: the message being received, if any, never will be."""
+        if self.held:
+            self.account.abandon(self.held)
+            self.held = 0

@@ -76,8 +76,9 @@ hands those reservations to another account instead, and
 :meth:`stop_receiving` leaves the budget.
 
 The per-message methods (:attr:`get_buffer`, :attr:`buffer_updated`,
-:attr:`next_message`, :attr:`message_taken`) are the decoder's own bound
-methods: the connection adds no call on the per-message path.
+:attr:`next_message`; :attr:`message_taken`, the budget account's) are bound
+methods of the objects that do the work: the connection adds no call on the
+per-message path.
 """
 
 from __future__ import annotations
@@ -144,6 +145,10 @@ class ConnectionState(enum.Enum):
 
 
 _OPEN = ConnectionState.OPEN
+
+
+def _nothing_reserved(_cost: int) -> None:
+    raise RuntimeError("no message holds a reservation: the connection has no budget")
 
 
 class Connection:
@@ -245,7 +250,7 @@ class Connection:
         self.get_buffer = decoder.get_buffer
         self.buffer_updated = decoder.buffer_updated
         self.next_message = decoder.next_message
-        self.message_taken = decoder.message_taken
+        self.message_taken = account.taken if account is not None else _nothing_reserved
         self._our_state = _OPEN
         self._peer: Handshake | None = None
         # messages may be sent before the peer's preamble arrived
@@ -338,7 +343,8 @@ class Connection:
     @property
     def decompression_size(self) -> int:
         """The length of the frame status DECOMPRESS waits for (0: none)."""
-        return self._decoder.decompression_size
+        job = self._decoder.inflater.job
+        return 0 if job is None else job[2]
 
     def prepare_decompression(self) -> None:
         """Allocate the buffer of the frame status DECOMPRESS waits for (in the
@@ -348,7 +354,7 @@ class Connection:
             RuntimeError: no decompression is due.
             MemoryError: as the allocator raises it.
         """
-        self._decoder.prepare_decompression()
+        self._decoder.inflater.prepare()
 
     def decompress(self) -> None:
         """Run the decompression status DECOMPRESS waits for (in another thread if
@@ -388,7 +394,9 @@ class Connection:
         """From now on, hand the reservation of each message taken to ``keeper``
         (an account of the same budget, whose owner releases it) instead of
         giving it back. Only with a budget."""
-        self._decoder.keep_taken(keeper)
+        account = self._decoder.account
+        assert account is not None
+        account.keeper = keeper
 
     def stop_receiving(self) -> None:
         """Leave the receive budget (its account drops every callback into this

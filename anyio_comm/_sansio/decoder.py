@@ -100,33 +100,28 @@ bytes. Bytes after a bad header are never parsed as a header of their own.
 from __future__ import annotations
 
 import enum
-from functools import partial
 from itertools import accumulate
 from typing import TYPE_CHECKING, Final, NoReturn
 
-from .budget import BudgetAccount, message_cost
+from .budget import BudgetAccount, Reservations, message_cost
 from .buffers import Allocator, allocate, default_allocator
 from .close import CLOSE_MARKER, parse_close_record
 from .compression import CODECS
 from .errors import EndOfData, RemoteProtocolError
-from .frames import PACK_BELOW, Frames, PackedFrames
+from .frames import PACK_BELOW, Frames, PackedFrames, Packer
 from .inflate import Inflater
-from .pool import ALIGNMENT, BufferPool
+from .pool import BufferPool
 from .wire import (
     CAPABILITIES_VERSION,
     LENGTHS,
-    MAGIC,
     MAX_PREAMBLE_BODY,
-    PREAMBLE_BODY_V1_SIZE,
     PREAMBLE_FIXED_SIZE,
     PROTOCOL_VERSION,
     SMALL_COUNT,
     Capability,
     Handshake,
     Limits,
-    parse_capabilities,
-    parse_preamble_body,
-    parse_preamble_head,
+    read_preamble,
     unpack_count,
     unpack_count_and_length,
     unpack_lengths,
@@ -198,7 +193,7 @@ class ReceiveStatus(enum.Enum):
     #: be full of them: call nothing else before)
     TASK_READS_MANY = "the frames of a many-frame message to read"
     #: a compressed frame waits for :meth:`~FrameDecoder.decompress` (after
-    #: :meth:`~FrameDecoder.prepare_decompression`): call nothing else before
+    #: the inflater's ``prepare()``): call nothing else before
     DECOMPRESS = "a frame to decompress"
     #: the stream ended: every call raises what ended it again
     ENDED = "ended"
@@ -213,7 +208,7 @@ class ReceiveMode(enum.Enum):
     PULL = "pull"
     #: an event-loop callback reads into a queue: a many-frame message's frames
     #: are left to the task (TASK_READS_MANY), and a reservation stays until the
-    #: message is taken (:meth:`FrameDecoder.message_taken`)
+    #: message is taken (its account's ``taken``)
     CALLBACK = "callback"
     #: the task of a callback-driven reader reads a message left to it: every
     #: frame is read; reservations stay until taken, as in CALLBACK
@@ -247,9 +242,24 @@ _PULL: Final = ReceiveMode.PULL
 _CALLBACK: Final = ReceiveMode.CALLBACK
 
 
-def _describe(data: memoryview) -> str:
-    head = bytes(data[:16])
-    return repr(head) + ("..." if data.nbytes > 16 else "")
+def _fast_paths(
+    allocator: Allocator, limits: Limits, read_buffer_size: int
+) -> tuple[bool, int, int]:
+    """What the fast paths of :meth:`FrameDecoder.next_message` may take on their
+    own: whether frames that fit in the read-ahead buffer are plain bytearrays
+    whoever allocates (the fast paths copy them out of it themselves); the
+    largest one-frame message they take without the general limit checks (-1:
+    never); the most frames of a whole message in the read-ahead buffer they
+    take (0: never)."""
+    plain = allocator is default_allocator or (
+        isinstance(allocator, BufferPool)
+        and allocator.small_frames_are_bytearrays
+        and allocator.min_size > read_buffer_size
+    )
+    if not plain:
+        return False, -1, 0
+    largest = min(limits.max_frame_size, limits.max_message_size) if limits.max_frames else -1
+    return True, largest, min(limits.max_frames, SMALL_COUNT)
 
 
 class FrameDecoder:
@@ -295,15 +305,13 @@ class FrameDecoder:
         "_fast_max",
         "_filled",
         "_frames",
-        "_index",
-        "_keeper",
         "_lengths",
         "_limits",
+        "_packer",
         "_pool",
         "_positions",
         "_read_buffer_size",
-        "_reserved",
-        "_small",
+        "_reservations",
         "_start",
         "_state",
         "_target",
@@ -339,27 +347,12 @@ class FrameDecoder:
         #: its status (what :meth:`next_message` waits for when it returns
         #: ``None``) and mode (who reads: see :class:`ReceiveMode`)
         self.state = state if state is not None else ReceiveState()
-        # Frames that fit in the read-ahead buffer are plain bytearrays whoever
-        # allocates: the fast paths copy them out of it themselves.
-        self._fast_alloc = self._allocator is default_allocator or (
-            isinstance(allocator, BufferPool)
-            and allocator.small_frames_are_bytearrays
-            and allocator.min_size > read_buffer_size
+        self._fast_alloc, self._fast_max, self._fast_count = _fast_paths(
+            self._allocator, self._limits, read_buffer_size
         )
         # A pool places the buffers of frames read directly at the phase of their
         # offset in the message (see _start_frame).
         self._pool = allocator if isinstance(allocator, BufferPool) else None
-        # Largest single frame the one-frame fast path of next_message() may
-        # take without the general limit checks (-1: never).
-        limits = self._limits
-        self._fast_max = (
-            min(limits.max_frame_size, limits.max_message_size)
-            if self._fast_alloc and limits.max_frames >= 1
-            else -1
-        )
-        # Most frames a whole message in the read-ahead buffer may have to be
-        # taken by the many-frame fast path of next_message() (0: never).
-        self._fast_count = min(limits.max_frames, SMALL_COUNT) if self._fast_alloc else 0
         # Small until the peer's preamble is parsed (see _grow).
         self._read_buffer_size = read_buffer_size
         self._buf = bytearray(PREAMBLE_BUFFER_SIZE)
@@ -378,12 +371,8 @@ class FrameDecoder:
         # the offset of each frame in its message (and its end), once wanted
         self._positions: list[int] | None = None
         self._frames: list[memoryview] = []
-        # A many-frame message (state PACKED: see the module) keeps the bytes
-        # of its frames shorter than PACK_BELOW back to back in _small, and only
-        # its longer frames in _frames, until it is complete; _index: its frames
-        # taken so far.
-        self._small = bytearray()
-        self._index = 0
+        # the frames of a many-frame message (state PACKED: see the module)
+        self._packer: Packer | None = None
         self._account = account
         if account is not None:
             # the budget's stall check: bytes of the message being received
@@ -391,13 +380,8 @@ class FrameDecoder:
         #: messages costing at least this are reserved from the budget (none
         #: without one); no message the fast paths of next_message() take (whole
         #: in the read-ahead buffer, at most SMALL_COUNT frames) costs that much
-        self.budget_min = (
-            message_cost(read_buffer_size, SMALL_COUNT) if account is not None else 1 << 64
-        )
-        # the budget reserved for the message being received
-        self._reserved = 0
-        # the account that the reservations of taken messages go to (see keep_taken)
-        self._keeper: BudgetAccount | None = None
+        self.budget_min = message_cost(read_buffer_size, SMALL_COUNT) if account else 1 << 64
+        self._reservations = Reservations(account, self.budget_min) if account else None
         #: ``None``: :meth:`next_message` wants :meth:`next_handshake` called
         #: first; else :meth:`next_message` parses the preamble itself and calls
         #: this with the peer's handshake (a side that sent messages before the
@@ -433,8 +417,8 @@ class FrameDecoder:
             return self._end - self._start
         received = self._end - self._start
         if state is _PACKED:
-            received += 4 + 8 * len(self._lengths) + len(self._small) + self.inflater.adjust
-            received += sum(map(len, self._frames))
+            assert self._packer is not None
+            received += 4 + 8 * len(self._lengths) + self._packer.nbytes + self.inflater.adjust
             return received + (self._filled if self._target is not None else 0)
         received += self._filled + self.inflater.adjust  # (the frame being filled)
         if state is _FRAME:
@@ -448,26 +432,9 @@ class FrameDecoder:
         """What ended the stream (a protocol error or the end of data), or ``None``."""
         return self._end_error
 
-    @property
-    def decompression_size(self) -> int:
-        """The length of the frame status DECOMPRESS waits for (0: none)."""
-        job = self.inflater.job
-        return 0 if job is None else job[2]
-
-    def prepare_decompression(self) -> None:
-        """Allocate the buffer of the frame status DECOMPRESS waits for, in the
-        event loop's thread, when the frame is wanted (the consumer let go of the
-        previous message), before :meth:`decompress`.
-
-        Raises:
-            RuntimeError: no decompression is due.
-            MemoryError: as the allocator raises it.
-        """
-        self.inflater.prepare()
-
     def decompress(self) -> None:
-        """Run the decompression status DECOMPRESS announced (after
-        :meth:`prepare_decompression`).
+        """Run the decompression status DECOMPRESS announced (after the
+        inflater's :meth:`~anyio_comm._sansio.inflate.Inflater.prepare`).
 
         It may run in another thread, provided nothing else calls this
         decoder meanwhile. It raises nothing: bytes that do not decompress
@@ -482,26 +449,6 @@ class FrameDecoder:
             self._filled = frame.nbytes
         if self.state.status is _DECOMPRESS:
             self.state.status = _NEED_DATA
-
-    # -- the receive budget -------------------------------------------------
-
-    def message_taken(self, cost: int) -> None:
-        """A message that held ``cost`` bytes of the budget (at least
-        :attr:`budget_min`) was taken: give them back, or hand them to the
-        keeper (see :meth:`keep_taken`). The decoder calls it itself in mode
-        PULL, as the message completes."""
-        account = self._account
-        assert account is not None
-        keeper = self._keeper
-        if keeper is None:
-            account.release(cost)
-        else:
-            account.transfer(cost, keeper)
-
-    def keep_taken(self, keeper: BudgetAccount) -> None:
-        """From now on, hand the reservation of each message taken to ``keeper``
-        (an account of the same budget) instead of giving it back."""
-        self._keeper = keeper
 
     # -- feeding -----------------------------------------------------------
 
@@ -604,50 +551,20 @@ class FrameDecoder:
 
     def _parse_preamble(self) -> Handshake | None:
         start = self._start
-        avail = self._end - start
-        head = self._view[start : start + min(avail, len(MAGIC))]
-        if head != MAGIC[: head.nbytes]:
-            hint = ""
-            # A TLS alert (21) or handshake (22) record, version 3.x: a TLS peer's
-            # ClientHello, or a TLS server's answer to our plain-text preamble.
-            if head.nbytes >= 2 and head[0] in (0x15, 0x16) and head[1] == 0x03:
-                hint = (
-                    ": the peer sent a TLS record, it speaks TLS: "
-                    "use a tls:// address and an ssl_context"
-                )
-            raise RemoteProtocolError(
-                "peer does not speak the anyio-comm protocol (bad magic: "
-                f"{_describe(self._view[start : self._end])}){hint}",
-                rule="preamble",
-            )
-        if avail < PREAMBLE_FIXED_SIZE:
+        parsed = read_preamble(self._view[start : self._end], self._version)
+        if parsed is None:
             self._check_eof("the connection preamble")
             return None
-        version, length = parse_preamble_head(self._view[start:])
-        if version < 1:
-            raise RemoteProtocolError(f"unsupported protocol version {version}", rule="preamble")
-        if not PREAMBLE_BODY_V1_SIZE <= length <= MAX_PREAMBLE_BODY:
-            raise RemoteProtocolError(f"invalid preamble body length {length}", rule="preamble")
-        if avail < PREAMBLE_FIXED_SIZE + length:
-            self._check_eof("the connection preamble")
-            return None
-        body = start + PREAMBLE_FIXED_SIZE
-        limits = parse_preamble_body(self._view[body:])
-        version = min(version, self._version)
-        capabilities: frozenset[Capability] = frozenset()
-        compression: tuple[str, ...] = ()
-        if version >= CAPABILITIES_VERSION:
-            capabilities, compression = parse_capabilities(
-                self._view[body + PREAMBLE_BODY_V1_SIZE : body + length]
-            )
+        handshake, length = parsed
+        if handshake.version >= CAPABILITIES_VERSION:
             self._close_records = Capability.CLOSE_REASONS in self._capabilities
         else:
             self.inflater.forget_codecs()
-        self._start = body + length
+        self._start = start + length
         if len(self._buf) != self._read_buffer_size:
             self._grow()
         self._state = _COUNT
-        return Handshake(version, limits, capabilities, compression)
+        return handshake
 
     def _grow(self) -> None:
         """Replace the preamble's small read-ahead buffer by one of
@@ -753,7 +670,8 @@ class FrameDecoder:
         if status is not _NEED_DATA:
             if status is _DECOMPRESS:
                 return None  # the I/O layer runs decompress() first
-            if status is _WAIT_BUDGET and self._account is not None and self._account.wanted:
+            reservations = self._reservations
+            if status is _WAIT_BUDGET and reservations is not None and reservations.waiting:
                 self._check_eof("a message")
                 return None  # still in the budget's line
             receiving.status = _NEED_DATA  # (what still holds is found again below)
@@ -770,8 +688,15 @@ class FrameDecoder:
                     return None
                 count = unpack_count(view, start)
                 if count == CLOSE_MARKER and self._close_records:
-                    self._close_record(start)
-                    return None
+                    # the stream ends there: what follows is never parsed
+                    parsed = parse_close_record(self._buf, start, self._end)
+                    if parsed is None:
+                        self._check_eof("a close record")
+                        return None
+                    reason = parsed[0]
+                    raise EndOfData(
+                        f"the peer closed the connection: {reason}", truncated=False, reason=reason
+                    )
                 if count > self._limits.max_frames:
                     raise RemoteProtocolError(
                         f"message has {count} frames; the limit is {self._limits.max_frames}",
@@ -882,23 +807,6 @@ class FrameDecoder:
                 self.state.status = _DECOMPRESS
             return frame
 
-    def _close_record(self, start: int) -> None:
-        """Parse the close record at ``start``; return if it is not whole yet.
-
-        Raises:
-            EndOfData: with the record's reason (the stream ends there: what
-                follows is never parsed).
-            RemoteProtocolError: the record is malformed.
-        """
-        parsed = parse_close_record(self._buf, start, self._end)
-        if parsed is None:
-            self._check_eof("a close record")
-            return None
-        reason = parsed[0]
-        raise EndOfData(
-            f"the peer closed the connection: {reason}", truncated=False, reason=reason
-        )
-
     def _fill(self, target: memoryview) -> bool:
         """Move what the read-ahead buffer holds of ``target`` (the length table or a
         frame, partly filled) into it; return whether it is full.
@@ -923,19 +831,18 @@ class FrameDecoder:
         """Allocate the buffer of the frame status TASK_READS_FRAME announced and
         move the part of it in the read-ahead buffer there (all of that buffer's
         bytes: they are this frame's, and more of it is missing)."""
-        index = self._index if self._state is _PACKED else len(self._frames)
+        packer = self._packer
+        index = len(self._frames) if packer is None else packer.index
         length = self._lengths[index]
         pool = self._pool
         if pool is None:
             target = allocate(self._allocator, length)
         else:
-            # At the phase of its offset in the message (see pool.ALIGNMENT).
-            positions = self._positions
-            if positions is None:
-                lengths = self._lengths
-                start = 4 + 8 * len(lengths)  # the frame count and length table
-                positions = self._positions = list(accumulate(lengths, initial=start))
-            target = allocate(partial(pool.aligned, phase=positions[index] % ALIGNMENT), length)
+            if self._positions is None:  # (the offset of each frame in its message)
+                self._positions = list(
+                    accumulate(self._lengths, initial=4 + 8 * len(self._lengths))
+                )
+            target = pool.frame_buffer(length, self._positions[index])
         self._target = target
         self.state.status = _NEED_DATA
         start = self._start
@@ -972,108 +879,59 @@ class FrameDecoder:
         # (a frame of PACK_BELOW bytes or more holds less than 8 times what it takes
         # on the wire: a message of none but such frames needs no packing; a short
         # compressed frame is read and decompressed on its own, then packed)
-        packed = len(lengths) > SMALL_COUNT and min(lengths) < PACK_BELOW
-        self._state = _PACKED if packed else _FRAME
-        account = self._account
-        if account is not None:
-            cost = message_cost(total, len(lengths))
-            if cost >= self.budget_min:
-                self._reserved = cost
-                if not account.reserve(cost):
-                    self.state.status = _WAIT_BUDGET
+        if len(lengths) > SMALL_COUNT and min(lengths) < PACK_BELOW:
+            self._packer = Packer(lengths)
+            self._state = _PACKED
+        else:
+            self._state = _FRAME
+        reservations = self._reservations
+        if reservations is not None and not reservations.reserve(total, len(lengths)):
+            self.state.status = _WAIT_BUDGET
 
     def _fill_packed(self) -> PackedFrames | None:
-        """Take the frames of a many-frame message (state PACKED): those shorter than
-        PACK_BELOW into ``_small``, the others into buffers of their own."""
+        """Take the frames of a many-frame message (state PACKED) into its
+        :class:`~anyio_comm._sansio.frames.Packer`."""
         if self.state.mode is _CALLBACK:
             self.state.status = _TASK_READS_MANY
             return None
+        packer = self._packer
+        assert packer is not None
         lengths = self._lengths
-        count = len(lengths)
-        small = self._small
-        frames = self._frames
         codecs = self.inflater.codecs
         while True:
             if self._target is not None:
-                frame = self._close_frame(self._index)
+                frame = self._close_frame(packer.index)
                 if frame is None:
                     return None
-            else:
-                index = self._index
-                if index == count:
-                    return self._finish_packed()
-                length = lengths[index]
-                if length < PACK_BELOW and (codecs is None or index not in codecs):
-                    if not self._take_short_frames(index):
-                        return None  # (the rest of a short frame is missing)
-                    continue
-                frame = self._open_frame(index, length)
-                if frame is None:
-                    if self.state.status is _TASK_READS_FRAME:
-                        return None  # its rest is read directly into its buffer
-                    continue
-            if frame.nbytes < PACK_BELOW:
-                small += frame  # a short compressed frame: packed like the others
-            else:
-                frames.append(frame)
-            self._index += 1
-
-    def _take_short_frames(self, index: int) -> bool:
-        """Move the short frame ``index`` and the short frames after it that are in
-        the read-ahead buffer into ``_small``; return False if frame ``index`` is
-        not whole yet (``_filled`` keeps how much of it arrived).
-
-        Raises:
-            EndOfData: a frame is cut off, and the stream ended.
-        """
-        lengths = self._lengths
-        count = len(lengths)
-        codecs = self.inflater.codecs
-        start = self._start
-        stop = self._end
-        # _filled: the bytes of this frame already in _small
-        end = start + lengths[index] - self._filled
-        if end > stop:
-            self._small += self._view[start:stop]
-            self._filled += stop - start
-            self._start = stop
-            self._check_eof("a message")
-            return False
-        index += 1
-        while index < count:
+                packer.add(frame)
+                continue
+            index = packer.index
+            if index == len(lengths):
+                self._packer = None
+                self._finish_message()
+                return packer.finish()
             length = lengths[index]
-            if (
-                length >= PACK_BELOW
-                or end + length > stop
-                or (codecs is not None and index in codecs)
-            ):
-                break
-            end += length
-            index += 1
-        if end > start:
-            self._small += self._view[start:end]
-        self._start = end
-        self._filled = 0
-        self._index = index
-        return True
-
-    def _finish_packed(self) -> PackedFrames:
-        """Deliver the complete many-frame message, its short frames where they
-        are (in a bytearray, whatever the allocator: one buffer for all of them
-        may be larger than a frame may be)."""
-        frames = PackedFrames(self._lengths, memoryview(self._small), self._frames)
-        self._small = bytearray()
-        self._index = 0
-        self._finish_message()
-        return frames
+            if length < PACK_BELOW and (codecs is None or index not in codecs):
+                start = self._start
+                self._start = start + packer.take_short(self._view[start : self._end], codecs)
+                if packer.index == index:  # (it is not whole)
+                    self._check_eof("a message")
+                    return None
+                continue
+            frame = self._open_frame(index, length)
+            if frame is None:
+                if self.state.status is _TASK_READS_FRAME:
+                    return None  # its rest is read directly into its buffer
+                continue
+            packer.add(frame)
 
     def _finish_message(self) -> list[memoryview]:
         """End the message (its frames are complete) and return ``_frames``."""
-        reserved = self._reserved
-        if reserved:
-            if self.state.mode is _PULL:  # (else the I/O layer's message_taken() does)
-                self.message_taken(reserved)
-            self._reserved = 0
+        reservations = self._reservations
+        if reservations is not None and reservations.held:
+            # (mode PULL: no queue, the message is taken now; else the I/O layer
+            # reports it taken)
+            reservations.complete(self.state.mode is _PULL)
         frames = self._frames
         self._frames = []
         self._lengths = ()
@@ -1089,20 +947,13 @@ class FrameDecoder:
         self._state = _ENDED
         error.__traceback__ = error.__context__ = error.__cause__ = None
         self._end_error = error
-        if self._reserved:
-            account = self._account
-            assert account is not None
-            if account.wanted:
-                account.cancel()
-            else:
-                account.release(self._reserved)
-            self._reserved = 0
+        if self._reservations is not None:
+            self._reservations.abandon()
         self.state.status = ReceiveStatus.ENDED
         self._target = None
         self.inflater.end()
         self._frames = []
-        self._small = bytearray()
-        self._index = 0
+        self._packer = None
         self._start = self._end = 0
 
     def _raise_again(self) -> NoReturn:

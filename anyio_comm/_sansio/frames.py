@@ -24,9 +24,17 @@ from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Final, TypeAlias, overload
 
 if TYPE_CHECKING:
-    from collections.abc import Iterable
+    from collections.abc import Container, Iterable
 
-__all__ = ["PACK_BELOW", "Frames", "OutOfBand", "PackedFrames", "ShortFrame", "short_frame"]
+__all__ = [
+    "PACK_BELOW",
+    "Frames",
+    "OutOfBand",
+    "PackedFrames",
+    "Packer",
+    "ShortFrame",
+    "short_frame",
+]
 
 #: frames shorter than this many bytes are packed (see the module)
 PACK_BELOW: Final = 64
@@ -121,6 +129,72 @@ class PackedFrames(Sequence[memoryview]):
 
 
 #: a received message's frames: a list, or a many-frame message's PackedFrames
+class Packer:
+    """A many-frame message as it is received: its frames shorter than
+    :data:`PACK_BELOW` back to back in one buffer as they arrive, the others
+    kept whole, in order, until :meth:`finish` makes its :class:`PackedFrames`.
+
+    Args:
+        lengths: the message's frame lengths.
+    """
+
+    __slots__ = ("_frames", "_lengths", "_small", "index", "partial")
+
+    def __init__(self, lengths: tuple[int, ...]) -> None:
+        self._lengths = lengths
+        self._small = bytearray()
+        self._frames: list[memoryview] = []
+        #: the frames taken so far
+        self.index = 0
+        #: the bytes of the short frame :attr:`index` taken so far (it is not whole)
+        self.partial = 0
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of the frames taken so far."""
+        return len(self._small) + sum(map(len, self._frames))
+
+    def add(self, frame: memoryview) -> None:
+        """Take frame :attr:`index`, whole (a long frame, or a compressed one)."""
+        if frame.nbytes < PACK_BELOW:
+            self._small += frame
+        else:
+            self._frames.append(frame)
+        self.index += 1
+
+    def take_short(self, data: memoryview, skip: Container[int] | None) -> int:
+        """Take what ``data`` holds of the short frame :attr:`index` and of the
+        short frames after it (but none in ``skip``: compressed frames); return
+        how many of its bytes were taken. :attr:`index` stays where it was while
+        that frame is not whole."""
+        lengths = self._lengths
+        count = len(lengths)
+        index = self.index
+        stop = data.nbytes
+        end = lengths[index] - self.partial
+        if end > stop:
+            self._small += data
+            self.partial += stop
+            return stop
+        index += 1
+        while index < count:
+            length = lengths[index]
+            if length >= PACK_BELOW or end + length > stop or (skip is not None and index in skip):
+                break
+            end += length
+            index += 1
+        self._small += data[:end]
+        self.partial = 0
+        self.index = index
+        return end
+
+    def finish(self) -> PackedFrames:
+        """The message, once every frame was taken (its short frames stay in a
+        ``bytearray``, whatever the allocator: one buffer for all of them may be
+        larger than a frame may be)."""
+        return PackedFrames(self._lengths, memoryview(self._small), self._frames)
+
+
 Frames: TypeAlias = list[memoryview] | PackedFrames
 
 

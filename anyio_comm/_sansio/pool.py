@@ -93,9 +93,10 @@ import mmap
 import time
 import weakref
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Final, final
 
-from .buffers import map_anonymous
+from .buffers import allocate, map_anonymous
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -263,6 +264,16 @@ class BufferPool:
                 the pool nor from ``fallback``.
         """
         return self.aligned(nbytes, 0)
+
+    def frame_buffer(self, nbytes: int, offset: int) -> memoryview:
+        """The buffer of a received frame of ``nbytes`` bytes at ``offset`` in its
+        message (from the start of its frame count), placed at the phase of that
+        offset (see :meth:`aligned`), as a flat ``memoryview``.
+
+        Raises:
+            MemoryError: as :meth:`aligned` raises it.
+        """
+        return allocate(partial(self.aligned, phase=offset % ALIGNMENT), nbytes)
 
     def aligned(self, nbytes: int, phase: int) -> Buffer:
         """As calling the pool, but a pooled buffer starts ``phase`` bytes past a

@@ -48,6 +48,7 @@ __all__ = [
     "encode_preamble",
     "frames_to_iov",
     "parse_capabilities",
+    "read_preamble",
 ]
 
 MAGIC: Final = b"\x89ACOMM\r\n"
@@ -222,6 +223,52 @@ def parse_preamble_body(data: Buffer) -> Limits:
     """Unpack the limits at the start of a preamble body (what follows is left)."""
     max_frames, max_frame_size, max_message_size = _PREAMBLE_BODY_V1.unpack_from(data)
     return Limits(max_frames, max_frame_size, max_message_size)
+
+
+def read_preamble(data: memoryview, version: int) -> tuple[Handshake, int] | None:
+    """The preamble at the start of ``data``, as a side that speaks up to
+    ``version`` reads it, and its length; ``None`` until it is whole.
+
+    Raises:
+        RemoteProtocolError: wrong magic (with a hint when it is a TLS record),
+            an unsupported version, an invalid body length or a malformed body,
+            as soon as the first wrong byte is in ``data``.
+    """
+    avail = data.nbytes
+    head = data[: min(avail, len(MAGIC))]
+    if head != MAGIC[: head.nbytes]:
+        hint = ""
+        # A TLS alert (21) or handshake (22) record, version 3.x: a TLS peer's
+        # ClientHello, or a TLS server's answer to our plain-text preamble.
+        if head.nbytes >= 2 and head[0] in (0x15, 0x16) and head[1] == 0x03:
+            hint = (
+                ": the peer sent a TLS record, it speaks TLS: "
+                "use a tls:// address and an ssl_context"
+            )
+        shown = repr(bytes(data[:16])) + ("..." if avail > 16 else "")
+        raise RemoteProtocolError(
+            f"peer does not speak the anyio-comm protocol (bad magic: {shown}){hint}",
+            rule="preamble",
+        )
+    if avail < PREAMBLE_FIXED_SIZE:
+        return None
+    peer_version, length = parse_preamble_head(data)
+    if peer_version < 1:
+        raise RemoteProtocolError(f"unsupported protocol version {peer_version}", rule="preamble")
+    if not PREAMBLE_BODY_V1_SIZE <= length <= MAX_PREAMBLE_BODY:
+        raise RemoteProtocolError(f"invalid preamble body length {length}", rule="preamble")
+    end = PREAMBLE_FIXED_SIZE + length
+    if avail < end:
+        return None
+    limits = parse_preamble_body(data[PREAMBLE_FIXED_SIZE:])
+    version = min(peer_version, version)
+    capabilities: frozenset[Capability] = frozenset()
+    compression: tuple[str, ...] = ()
+    if version >= CAPABILITIES_VERSION:
+        capabilities, compression = parse_capabilities(
+            data[PREAMBLE_FIXED_SIZE + PREAMBLE_BODY_V1_SIZE : end]
+        )
+    return Handshake(version, limits, capabilities, compression), end
 
 
 def parse_capabilities(entries: Buffer) -> tuple[frozenset[Capability], tuple[str, ...]]:

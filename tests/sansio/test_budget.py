@@ -282,7 +282,8 @@ def test_held_reservations_are_left_to_the_io_layer() -> None:
     decoder.state.mode = ReceiveMode.TASK
     assert len(pump(decoder, header(MiB) + b"q" * MiB)) == 1
     assert budget.in_use == message_cost(MiB, 1)  # the queue releases it when taken
-    decoder.message_taken(message_cost(MiB, 1))
+    assert decoder.account is not None
+    decoder.account.taken(message_cost(MiB, 1))
     assert budget.in_use == 0
 
 

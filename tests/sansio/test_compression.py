@@ -344,7 +344,7 @@ def test_a_large_frame_is_decompressed_when_the_io_layer_says() -> None:
     data = bytes(150_000) + text(20_000)  # (compressed, less than the read-ahead buffer)
     decoder = decoder_after_preamble()
     decoder.inflater.offload_min = 100_000
-    assert decoder.state.status is not ReceiveStatus.DECOMPRESS and decoder.decompression_size == 0
+    assert decoder.state.status is not ReceiveStatus.DECOMPRESS and decoder.inflater.job is None
     with pytest.raises(RuntimeError, match="no decompression is due"):
         decoder.decompress()
     decoder.feed(
@@ -354,9 +354,10 @@ def test_a_large_frame_is_decompressed_when_the_io_layer_says() -> None:
         assert decoder.next_message() is None
         assert (
             decoder.state.status is ReceiveStatus.DECOMPRESS
-            and decoder.decompression_size == len(data)
+            and decoder.inflater.job is not None
+            and decoder.inflater.job[2] == len(data)
         )
-    decoder.prepare_decompression()
+    decoder.inflater.prepare()
     worker = threading.Thread(target=decoder.decompress)
     worker.start()
     worker.join()
@@ -371,7 +372,7 @@ def test_a_bad_frame_left_to_the_io_layer_fails_the_next_call() -> None:
     decoder.inflater.offload_min = 64
     decoder.feed(compressed_message(65, lz4(b"a" * 64)))
     assert decoder.next_message() is None and decoder.state.status is ReceiveStatus.DECOMPRESS
-    decoder.prepare_decompression()
+    decoder.inflater.prepare()
     decoder.decompress()  # raises nothing
     for _ in range(2):  # sticky, as any protocol error
         with pytest.raises(RemoteProtocolError, match="decompressed to 64 bytes, not its 65"):
@@ -391,8 +392,9 @@ def test_check_every_leaves_a_small_frame_to_the_io_layer_now_and_then() -> None
     for _ in range(6):
         frames = decoder.next_message()
         if frames is None:
-            due.append(decoder.decompression_size)
-            decoder.prepare_decompression()
+            assert decoder.inflater.job is not None
+            due.append(decoder.inflater.job[2])
+            decoder.inflater.prepare()
             decoder.decompress()
             frames = decoder.next_message()
         assert frames == [bytes(1000)]
@@ -401,7 +403,7 @@ def test_check_every_leaves_a_small_frame_to_the_io_layer_now_and_then() -> None
 
 def test_a_pool_buffer_is_taken_when_the_io_layer_prepares_it() -> None:
     """With an allocator other than the default one, the frame's buffer comes from
-    it in prepare_decompression() (the event loop's thread), not before."""
+    it in the inflater's prepare() (the event loop's thread), not before."""
     taken = []
 
     def allocator(n: int) -> bytearray:
@@ -416,9 +418,9 @@ def test_a_pool_buffer_is_taken_when_the_io_layer_prepares_it() -> None:
     decoder.feed(compressed_message(len(data), lz4(data)))
     assert decoder.next_message() is None
     assert len(data) not in taken
-    decoder.prepare_decompression()
+    decoder.inflater.prepare()
     assert taken.count(len(data)) == 1
-    decoder.prepare_decompression()  # (once)
+    decoder.inflater.prepare()  # (once)
     assert taken.count(len(data)) == 1
     decoder.decompress()
     assert decoder.next_message() == [data]
