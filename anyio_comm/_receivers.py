@@ -176,6 +176,31 @@ async def _decompress_in_thread(conn: Connection, transport: Transport) -> None:
     await anyio.to_thread.run_sync(conn.decompress, limiter=_decompression_limiter())
 
 
+def _read(conn: Connection, transport: Transport) -> tuple[int, bool]:
+    """The read step of every engine: receive what ``transport`` holds, without
+    waiting, into the buffer ``conn`` hands out, and report it to ``conn`` (the
+    stream's end included).
+
+    Returns:
+        The bytes read (0: the stream ended; -1: the transport had nothing), and
+        whether the read came up short on a transport that holds nothing back:
+        a plain socket is empty then. (Not over TLS, where OpenSSL may still hold
+        a record, close_notify say: read on until the transport has nothing.)
+
+    Raises:
+        Exception: what the transport raises (the connection failed, say).
+    """
+    buffer = conn.get_buffer()
+    n = transport.receive_into_nowait(buffer)
+    if n is None:
+        return -1, False
+    if n:
+        conn.buffer_updated(n)
+    else:
+        conn.receive_eof()
+    return n, n < buffer.nbytes and not transport.buffers_data
+
+
 def _decompress_small(conn: Connection, transport: Transport) -> Frames | None:
     """Run the connection's due decompressions that are small enough to run here,
     and decode on; return a message completed meanwhile, or ``None`` (then a
@@ -329,24 +354,18 @@ class PullReceiver(Receiver):
             status = conn.receiving.status
         if self._empty or status is _WAIT_BUDGET or status is _DECOMPRESS:
             return None
-        get_buffer = conn.get_buffer
         while True:
-            buffer = get_buffer()
-            n = transport.receive_into_nowait(buffer)
-            if n is None:
+            n, short = _read(conn, transport)
+            if n < 0:
                 return None
             self._paused = False
-            if n:
-                conn.buffer_updated(n)
-            else:
-                conn.receive_eof()
             frames = conn.next_message()
             if frames is None:
                 status = conn.receiving.status
                 if status is _DECOMPRESS:
                     frames = _decompress_small(conn, transport)
                     status = conn.receiving.status
-            if n < buffer.nbytes and not transport.buffers_data:
+            if short:
                 self._empty = True
                 return frames
             if frames is not None or status is _WAIT_BUDGET or status is _DECOMPRESS:
@@ -542,28 +561,16 @@ class PushReceiver(Receiver):
         # activity even when they complete no message (nor even a TLS record).
         got_bytes = self._wake_on_bytes
         conn = self._conn
-        get_buffer = conn.get_buffer
         transport = self._transport
         transport.readable()
-        receive = transport.receive_into_nowait
-        drains = not transport.buffers_data
         try:
             while True:
                 if conn.receiving.status is _WAIT_BUDGET:
                     self._stop_reading()  # until the budget grants the message
                     break
-                buffer = get_buffer()
-                n = receive(buffer)
-                if n is None:
+                n, short = _read(conn, transport)
+                if n < 0:
                     break
-                if n:
-                    conn.buffer_updated(n)
-                else:
-                    conn.receive_eof()
-                # A short read: a plain socket is empty. (Not over TLS: OpenSSL
-                # may still hold a record, close_notify say, so read on until
-                # the transport answers None.)
-                short = drains and n < buffer.nbytes
                 if self._decode():
                     # The queue is full, or the task reads this message: if the
                     # socket is empty, the task's wake-up is the pass of the loop
@@ -650,8 +657,6 @@ class PushReceiver(Receiver):
         complete; then leave reading to the callback again."""
         conn = self._conn
         transport = self._transport
-        get_buffer = conn.get_buffer
-        drains = not transport.buffers_data
         conn.receiving.mode = _TASK
         try:
             while (frames := conn.next_message()) is None:
@@ -662,22 +667,18 @@ class PushReceiver(Receiver):
                     if conn.decompression_size:
                         return None  # a large one is due: the task's wait() runs it
                     continue
-                buffer = get_buffer()
-                n = transport.receive_into_nowait(buffer)
-                if n is None:
+                n, short = _read(conn, transport)
+                if n < 0:
                     # (after a short read, without a system call: see
                     # SocketTransport.receive_into_nowait)
-                    if not drains and not conn.packing:
+                    if transport.buffers_data and not conn.packing:
                         # TLS: the callback fills the frame's buffer from now
                         # on (get_buffer() made it) and wakes the task with the
                         # whole message (see the module).
                         self._pulling = False
                     return None
                 if n:
-                    conn.buffer_updated(n)
-                    self._short = drains and n < buffer.nbytes
-                else:
-                    conn.receive_eof()
+                    self._short = short
         finally:
             conn.receiving.mode = _CALLBACK
         self._pulling = False
