@@ -95,7 +95,16 @@ from anyio.lowlevel import RunVar
 
 from ._compat import final
 from ._sansio.budget import frames_cost
-from ._sansio.connection import EndOfData, ReceiveMode, ReceiveStatus
+from ._sansio.connection import (
+    CALLBACK,
+    DECOMPRESS,
+    PULL,
+    TASK,
+    TASK_READS_FRAME,
+    TASK_READS_MANY,
+    WAIT_BUDGET,
+    EndOfData,
+)
 from ._sansio.errors import RemoteProtocolError
 
 if TYPE_CHECKING:
@@ -131,14 +140,6 @@ OFFLOAD_MIN: Final = 1024 * 1024
 #: after this many bytes decompressed without a check, the next compressed frame
 #: waits until the peer is seen to be still there (see _check_peer)
 CHECK_EVERY: Final = 16 * 1024 * 1024
-
-# (module constants: a global lookup costs less than an enum member's)
-_WAIT_BUDGET: Final = ReceiveStatus.WAIT_BUDGET
-_TASK_READS_FRAME: Final = ReceiveStatus.TASK_READS_FRAME
-_TASK_READS_MANY: Final = ReceiveStatus.TASK_READS_MANY
-_DECOMPRESS: Final = ReceiveStatus.DECOMPRESS
-_CALLBACK: Final = ReceiveMode.CALLBACK
-_TASK: Final = ReceiveMode.TASK
 
 # the worker threads that decompress, per event loop: one fewer than the CPUs this
 # process may run on (at least one), so that the event loop keeps a CPU
@@ -210,7 +211,7 @@ def _decompress_small(conn: Connection, transport: Transport) -> Frames | None:
         anyio.BrokenResourceError: the peer reset the connection.
         RemoteProtocolError, EndOfData: as ``conn.next_message()``.
     """
-    while conn.receiving.status is _DECOMPRESS and conn.decompression_size < OFFLOAD_MIN:
+    while conn.receiving.status is DECOMPRESS and conn.decompression_size < OFFLOAD_MIN:
         _check_peer(transport)
         conn.prepare_decompression()
         conn.decompress()
@@ -307,7 +308,7 @@ class PullReceiver(Receiver):
     ) -> None:
         self._transport = transport
         self._conn = conn
-        conn.start_receiving(ReceiveMode.PULL, offload_min=OFFLOAD_MIN, check_every=CHECK_EVERY)
+        conn.start_receiving(PULL, offload_min=OFFLOAD_MIN, check_every=CHECK_EVERY)
         # The last read from a plain socket came up short: it is empty, so do
         # not try it again before waiting.
         self._empty = False
@@ -329,7 +330,7 @@ class PullReceiver(Receiver):
         if not self._empty or self._paused or conn.at_message_boundary:
             return False
         status = conn.receiving.status
-        return status is not _WAIT_BUDGET and status is not _DECOMPRESS
+        return status is not WAIT_BUDGET and status is not DECOMPRESS
 
     @property
     def ended(self) -> bool:
@@ -347,12 +348,12 @@ class PullReceiver(Receiver):
             return frames
         transport = self._transport
         status = conn.receiving.status
-        if status is _DECOMPRESS:
+        if status is DECOMPRESS:
             frames = _decompress_small(conn, transport)
             if frames is not None:
                 return frames
             status = conn.receiving.status
-        if self._empty or status is _WAIT_BUDGET or status is _DECOMPRESS:
+        if self._empty or status is WAIT_BUDGET or status is DECOMPRESS:
             return None
         while True:
             n, short = _read(conn, transport)
@@ -362,21 +363,21 @@ class PullReceiver(Receiver):
             frames = conn.next_message()
             if frames is None:
                 status = conn.receiving.status
-                if status is _DECOMPRESS:
+                if status is DECOMPRESS:
                     frames = _decompress_small(conn, transport)
                     status = conn.receiving.status
             if short:
                 self._empty = True
                 return frames
-            if frames is not None or status is _WAIT_BUDGET or status is _DECOMPRESS:
+            if frames is not None or status is WAIT_BUDGET or status is DECOMPRESS:
                 return frames
 
     def wait(self) -> Awaitable[None]:
         conn = self._conn
         status = conn.receiving.status
-        if status is _WAIT_BUDGET:
+        if status is WAIT_BUDGET:
             return _wait_for_grant(conn)
-        if status is _DECOMPRESS:
+        if status is DECOMPRESS:
             return _decompress_in_thread(conn, self._transport)
         self._waited = True
         if self._empty and not self._paused and not conn.at_message_boundary:
@@ -518,7 +519,7 @@ class PushReceiver(Receiver):
         receiver._reading = True
         # (mode CALLBACK: the frames of a many-frame message are the task's to
         # read, and a reservation lasts until the task takes its message)
-        conn.start_receiving(_CALLBACK, offload_min=OFFLOAD_MIN, check_every=CHECK_EVERY)
+        conn.start_receiving(CALLBACK, offload_min=OFFLOAD_MIN, check_every=CHECK_EVERY)
         if conn.account is not None:
             conn.on_budget_grant(receiver._budget_granted)
         receiver._resume()  # bytes that came with the peer's preamble
@@ -565,7 +566,7 @@ class PushReceiver(Receiver):
         transport.readable()
         try:
             while True:
-                if conn.receiving.status is _WAIT_BUDGET:
+                if conn.receiving.status is WAIT_BUDGET:
                     self._stop_reading()  # until the budget grants the message
                     break
                 n, short = _read(conn, transport)
@@ -576,7 +577,7 @@ class PushReceiver(Receiver):
                     # socket is empty, the task's wake-up is the pass of the loop
                     # after which it looks again (see the module).
                     status = conn.receiving.status
-                    if short and (status is _TASK_READS_FRAME or status is _TASK_READS_MANY):
+                    if short and (status is TASK_READS_FRAME or status is TASK_READS_MANY):
                         transport.readable()
                     break
                 if not n or short:
@@ -611,7 +612,7 @@ class PushReceiver(Receiver):
                     self._paused = True
                     return True
             status = conn.receiving.status
-            if status is not _DECOMPRESS:
+            if status is not DECOMPRESS:
                 break
             frames = _decompress_small(conn, self._transport)
             if frames is None:
@@ -623,7 +624,7 @@ class PushReceiver(Receiver):
             if self._queued_bytes >= MAX_QUEUED_BYTES or len(queue) >= MAX_QUEUED_MESSAGES:
                 self._paused = True
                 return True
-        if status is _TASK_READS_FRAME or status is _TASK_READS_MANY or status is _DECOMPRESS:
+        if status is TASK_READS_FRAME or status is TASK_READS_MANY or status is DECOMPRESS:
             self._pulling = True  # the task reads this message (see the module)
             return True
         return False
@@ -657,10 +658,10 @@ class PushReceiver(Receiver):
         complete; then leave reading to the callback again."""
         conn = self._conn
         transport = self._transport
-        conn.receiving.mode = _TASK
+        conn.receiving.mode = TASK
         try:
             while (frames := conn.next_message()) is None:
-                if conn.receiving.status is _DECOMPRESS:
+                if conn.receiving.status is DECOMPRESS:
                     frames = _decompress_small(conn, transport)
                     if frames is not None:
                         break
@@ -680,7 +681,7 @@ class PushReceiver(Receiver):
                 if n:
                     self._short = short
         finally:
-            conn.receiving.mode = _CALLBACK
+            conn.receiving.mode = CALLBACK
         self._pulling = False
         cost = frames_cost(frames)
         if cost >= self._budget_min:
@@ -752,7 +753,7 @@ class PushReceiver(Receiver):
     def wait(self) -> Awaitable[None]:
         if self._closed:
             raise ClosedResourceError
-        if self._pulling and self._conn.receiving.status is _DECOMPRESS:
+        if self._pulling and self._conn.receiving.status is DECOMPRESS:
             return _decompress_in_thread(self._conn, self._transport)
         if self.yield_due:
             # A short read inside the message the task reads: look again after

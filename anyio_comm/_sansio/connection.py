@@ -90,7 +90,15 @@ from typing import TYPE_CHECKING
 from .close import CLOSE_MARKER, CloseReason, encode_close_record
 from .compression import CODEC_SHIFT, LENGTH_MASK, Compressor, check_codecs
 from .decoder import (
+    CALLBACK,
+    DECOMPRESS,
     DEFAULT_READ_BUFFER_SIZE,
+    NEED_DATA,
+    PULL,
+    TASK,
+    TASK_READS_FRAME,
+    TASK_READS_MANY,
+    WAIT_BUDGET,
     FrameDecoder,
     ReceiveMode,
     ReceiveState,
@@ -120,7 +128,15 @@ if TYPE_CHECKING:
     from .frames import Frames
 
 __all__ = [
+    "CALLBACK",
+    "DECOMPRESS",
     "DEFAULT_READ_BUFFER_SIZE",
+    "NEED_DATA",
+    "PULL",
+    "TASK",
+    "TASK_READS_FRAME",
+    "TASK_READS_MANY",
+    "WAIT_BUDGET",
     "Connection",
     "ConnectionState",
     "EndOfData",

@@ -131,8 +131,16 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 __all__ = [
+    "CALLBACK",
+    "DECOMPRESS",
     "DEFAULT_READ_BUFFER_SIZE",
+    "NEED_DATA",
     "PREAMBLE_BUFFER_SIZE",
+    "PULL",
+    "TASK",
+    "TASK_READS_FRAME",
+    "TASK_READS_MANY",
+    "WAIT_BUDGET",
     "EndOfData",
     "FrameDecoder",
     "ReceiveMode",
@@ -233,13 +241,16 @@ class ReceiveState:
         self.mode = ReceiveMode.PULL
 
 
-_NEED_DATA: Final = ReceiveStatus.NEED_DATA
-_WAIT_BUDGET: Final = ReceiveStatus.WAIT_BUDGET
-_TASK_READS_FRAME: Final = ReceiveStatus.TASK_READS_FRAME
-_TASK_READS_MANY: Final = ReceiveStatus.TASK_READS_MANY
-_DECOMPRESS: Final = ReceiveStatus.DECOMPRESS
-_PULL: Final = ReceiveMode.PULL
-_CALLBACK: Final = ReceiveMode.CALLBACK
+# The statuses and modes as module constants, as the states below (the receive
+# engines import them too, through the connection's module).
+NEED_DATA: Final = ReceiveStatus.NEED_DATA
+WAIT_BUDGET: Final = ReceiveStatus.WAIT_BUDGET
+TASK_READS_FRAME: Final = ReceiveStatus.TASK_READS_FRAME
+TASK_READS_MANY: Final = ReceiveStatus.TASK_READS_MANY
+DECOMPRESS: Final = ReceiveStatus.DECOMPRESS
+PULL: Final = ReceiveMode.PULL
+CALLBACK: Final = ReceiveMode.CALLBACK
+TASK: Final = ReceiveMode.TASK
 
 
 def _fast_paths(
@@ -447,8 +458,8 @@ class FrameDecoder:
         if frame is not None and self._state is not _ENDED:
             self._target = frame
             self._filled = frame.nbytes
-        if self.state.status is _DECOMPRESS:
-            self.state.status = _NEED_DATA
+        if self.state.status is DECOMPRESS:
+            self.state.status = NEED_DATA
 
     # -- feeding -----------------------------------------------------------
 
@@ -466,7 +477,7 @@ class FrameDecoder:
             self._start = self._end = 0  # after the end nothing is parsed: discard
             return self._view
         target = self._target
-        if self.state.status is _TASK_READS_FRAME:
+        if self.state.status is TASK_READS_FRAME:
             target = self._start_frame()
         if target is not None and self._start == self._end:
             missing = target.nbytes - self._filled
@@ -667,14 +678,14 @@ class FrameDecoder:
         """The general path of :meth:`next_message`: any state, any message shape."""
         receiving = self.state
         status = receiving.status
-        if status is not _NEED_DATA:
-            if status is _DECOMPRESS:
+        if status is not NEED_DATA:
+            if status is DECOMPRESS:
                 return None  # the I/O layer runs decompress() first
             reservations = self._reservations
-            if status is _WAIT_BUDGET and reservations is not None and reservations.waiting:
+            if status is WAIT_BUDGET and reservations is not None and reservations.waiting:
                 self._check_eof("a message")
                 return None  # still in the budget's line
-            receiving.status = _NEED_DATA  # (what still holds is found again below)
+            receiving.status = NEED_DATA  # (what still holds is found again below)
         state = self._state
         if self.inflater.error is not None:
             raise self.inflater.error
@@ -709,7 +720,7 @@ class FrameDecoder:
                 if avail - 4 >= need:
                     self._start = start + 4 + need
                     self._begin_frames(unpack_lengths(view, start + 4, count))
-                    if self.state.status is _WAIT_BUDGET:
+                    if self.state.status is WAIT_BUDGET:
                         return None
                 else:
                     self._start = start + 4
@@ -727,7 +738,7 @@ class FrameDecoder:
                     return None
                 if state is _LENGTHS:
                     self._begin_frames(unpack_lengths(target, 0, target.nbytes // 8))
-                    if self.state.status is _WAIT_BUDGET:
+                    if self.state.status is WAIT_BUDGET:
                         return None
                     state = self._state
                     continue
@@ -735,7 +746,7 @@ class FrameDecoder:
                 index = len(self._frames)
                 target = self._open_frame(index, self._lengths[index])
                 if target is None:
-                    if self.state.status is _TASK_READS_FRAME:
+                    if self.state.status is TASK_READS_FRAME:
                         return None  # its rest is read directly into its buffer
                     continue  # (its buffer, or a compressed frame's prefix, is the target)
             self._frames.append(target)
@@ -768,7 +779,7 @@ class FrameDecoder:
             return memoryview(bytearray(self._view[start : start + length]))
         if length - avail >= self._direct_threshold:
             self._check_eof("a message")
-            self.state.status = _TASK_READS_FRAME
+            self.state.status = TASK_READS_FRAME
             return None
         self._target = allocate(self._allocator, length)
         return None
@@ -804,7 +815,7 @@ class FrameDecoder:
                 return target  # decompressed by decompress()
             frame = inflater.compressed_read(target, index, length)
             if frame is None:
-                self.state.status = _DECOMPRESS
+                self.state.status = DECOMPRESS
             return frame
 
     def _fill(self, target: memoryview) -> bool:
@@ -844,7 +855,7 @@ class FrameDecoder:
                 )
             target = pool.frame_buffer(length, self._positions[index])
         self._target = target
-        self.state.status = _NEED_DATA
+        self.state.status = NEED_DATA
         start = self._start
         taken = self._end - start
         if taken:
@@ -886,13 +897,13 @@ class FrameDecoder:
             self._state = _FRAME
         reservations = self._reservations
         if reservations is not None and not reservations.reserve(total, len(lengths)):
-            self.state.status = _WAIT_BUDGET
+            self.state.status = WAIT_BUDGET
 
     def _fill_packed(self) -> PackedFrames | None:
         """Take the frames of a many-frame message (state PACKED) into its
         :class:`~anyio_comm._sansio.frames.Packer`."""
-        if self.state.mode is _CALLBACK:
-            self.state.status = _TASK_READS_MANY
+        if self.state.mode is CALLBACK:
+            self.state.status = TASK_READS_MANY
             return None
         packer = self._packer
         assert packer is not None
@@ -920,7 +931,7 @@ class FrameDecoder:
                 continue
             frame = self._open_frame(index, length)
             if frame is None:
-                if self.state.status is _TASK_READS_FRAME:
+                if self.state.status is TASK_READS_FRAME:
                     return None  # its rest is read directly into its buffer
                 continue
             packer.add(frame)
@@ -931,7 +942,7 @@ class FrameDecoder:
         if reservations is not None and reservations.held:
             # (mode PULL: no queue, the message is taken now; else the I/O layer
             # reports it taken)
-            reservations.complete(self.state.mode is _PULL)
+            reservations.complete(self.state.mode is PULL)
         frames = self._frames
         self._frames = []
         self._lengths = ()
