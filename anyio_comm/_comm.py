@@ -1010,6 +1010,7 @@ async def establish(
         transport,
         conn,
         current_backend(),
+        push=options.receive_engine == "auto",
         wake_on_bytes=options.idle_timeout is not None,
         wake_on_partial=options.message_timeout is not None,
     )

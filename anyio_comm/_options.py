@@ -25,6 +25,8 @@ DEFAULT_HANDSHAKE_TIMEOUT: Final = 10.0
 DEFAULT_MESSAGE_TIMEOUT: Final = 60.0
 #: ... plus one second per this many bytes of it that arrived
 DEFAULT_MIN_RECEIVE_RATE: Final = 64 * 1024
+#: the values of ``Options.receive_engine``
+RECEIVE_ENGINES: Final = ("auto", "pull")
 
 
 def check_seconds(name: str, value: float | None, minimum: float = 0.0) -> None:
@@ -104,12 +106,20 @@ class Options:
             ``None`` keeps the system's default (off). Applied to the sockets
             anyio-comm opens and accepts, and to the socket under a
             :func:`~anyio_comm.from_stream` stream when it has one.
+        receive_engine: who reads the socket. ``"auto"``: on asyncio and
+            uvloop, over TCP, Unix sockets and TLS, the event loop's readiness
+            callback reads and decodes, and wakes the receiving task with whole
+            messages; elsewhere (trio, ``from_stream``, ``inproc://``) the
+            receiving task reads. ``"pull"``: the receiving task reads
+            everywhere (to compare the two; the messages, limits and errors are
+            the same).
 
     Raises:
         TypeError: a field has the wrong type.
         ValueError: a field is out of range (``read_buffer_size`` below 4096,
             a negative ``oob_threshold`` or ``min_receive_rate``, a duration
-            that is not positive, an unknown codec).
+            that is not positive, an unknown codec, a ``receive_engine`` other
+            than ``"auto"`` and ``"pull"``).
         ImportError: ``compression`` is set and ``cramjam`` is not installed.
     """
 
@@ -124,6 +134,7 @@ class Options:
     min_receive_rate: int = DEFAULT_MIN_RECEIVE_RATE
     keepalive: float | None = None
     compression: tuple[str, ...] | str = ()
+    receive_engine: str = "auto"
 
     def __post_init__(self) -> None:
         # Fail where the options are made, not at the first connection.
@@ -155,6 +166,15 @@ class Options:
                 f"compression must be a codec name or a tuple of them, not {compression!r}"
             )
         object.__setattr__(self, "compression", check_codecs(compression))
+        if not isinstance(self.receive_engine, str):
+            raise TypeError(
+                f"receive_engine must be a str, not {type(self.receive_engine).__name__}"
+            )
+        if self.receive_engine not in RECEIVE_ENGINES:
+            raise ValueError(
+                f"receive_engine must be one of {', '.join(map(repr, RECEIVE_ENGINES))}, "
+                f"not {self.receive_engine!r}"
+            )
 
     def serializer(self, *, peer_accepts_pickle: bool = True) -> Serializer:
         """A serializer with these options' ``oob_threshold`` and ``allow_pickle``
@@ -180,6 +200,7 @@ class OptionsKeywords(TypedDict, total=False):
     min_receive_rate: int
     keepalive: float | None
     compression: tuple[str, ...] | str
+    receive_engine: str
 
 
 _DEFAULT: Final = Options()

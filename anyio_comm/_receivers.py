@@ -125,9 +125,6 @@ __all__ = [
     "start_receiver",
 ]
 
-#: False: new comms use the pull engine everywhere (``benchmarks/systems/comm_pull.py``
-#: sets it to measure the two engines against each other on asyncio and uvloop)
-USE_PUSH = True
 #: a push receiver stops reading once this many decoded messages wait ...
 MAX_QUEUED_MESSAGES: Final = 64
 #: ... or once they cost this many bytes: their frames' bytes plus FRAME_COST per frame
@@ -797,29 +794,33 @@ def start_receiver(
     conn: Connection,
     backend: Backend,
     *,
+    push: bool = True,
     wake_on_bytes: bool = False,
     wake_on_partial: bool = False,
 ) -> Receiver:
     """The receive engine for a new comm: push where the event loop can drive the
-    transport (asyncio and uvloop over a socket), pull otherwise.
+    transport (asyncio and uvloop over a socket) unless ``push`` is False, pull
+    otherwise.
 
     Args:
+        push: use the push engine where it can run (``Options.receive_engine``
+            ``"auto"``); False: the pull engine everywhere (``"pull"``).
         wake_on_bytes: the comm enforces an idle timeout: a push receiver wakes
             its waiting task whenever bytes arrive, not only with whole messages.
         wake_on_partial: the comm times messages that have begun: a push
             receiver wakes its task waiting between messages when a message
             begins and is left incomplete.
     """
-    if backend.loop is not None and USE_PUSH:
-        push = PushReceiver.start(
+    if push and backend.loop is not None:
+        receiver = PushReceiver.start(
             transport,
             conn,
             backend.loop,
             wake_on_bytes=wake_on_bytes,
             wake_on_partial=wake_on_partial,
         )
-        if push is not None:
-            return push
+        if receiver is not None:
+            return receiver
     trio = backend.trio
     return PullReceiver(
         transport,

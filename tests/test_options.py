@@ -24,6 +24,7 @@ def test_defaults() -> None:
     assert options.handshake_timeout == 10.0
     assert options.idle_timeout is None and options.keepalive is None
     assert options.allocator is None and options.allow_pickle is False
+    assert options.receive_engine == "auto"
 
 
 @pytest.mark.parametrize(
@@ -39,6 +40,8 @@ def test_defaults() -> None:
         ({"limits": {"max_frames": 1}}, TypeError, "limits"),
         ({"allocator": 42}, TypeError, "allocator"),
         ({"allow_pickle": 1}, TypeError, "allow_pickle"),
+        ({"receive_engine": "push"}, ValueError, "receive_engine must be one of 'auto', 'pull'"),
+        ({"receive_engine": None}, TypeError, "receive_engine must be a str"),
     ],
 )
 def test_bad_fields_fail_where_the_options_are_made(

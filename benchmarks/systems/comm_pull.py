@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from anyio_comm import _receivers
 from benchmarks.systems import comm
 
 if TYPE_CHECKING:
@@ -20,7 +19,7 @@ if TYPE_CHECKING:
 
 def run_server(case: Any, ssl_context: ssl.SSLContext | None, counter: Any, ready: Any) -> None:
     """Echo every message back, with the pull engine, until the process ends."""
-    _receivers.USE_PUSH = False
+    comm.OPTIONS["receive_engine"] = "pull"
     comm.run_server(case, ssl_context, counter, ready)
 
 
@@ -28,5 +27,5 @@ async def open_client(
     stack: contextlib.AsyncExitStack, address: str, case: Any, ssl_context: ssl.SSLContext | None
 ) -> Callable[[], Awaitable[None]]:
     """One comm with the pull engine; round trips as in :mod:`benchmarks.systems.comm`."""
-    _receivers.USE_PUSH = False
+    comm.OPTIONS["receive_engine"] = "pull"
     return await comm.open_client(stack, address, case, ssl_context)
