@@ -377,7 +377,7 @@ class PullReceiver(Receiver):
         if status is DECOMPRESS:
             return _decompress_in_thread(conn, self._transport)
         self._waited = True
-        if self._empty and not self._paused and not conn.at_message_boundary:
+        if self.yield_due:
             # A short read inside a message: look again after one pass of the
             # event loop (see the module).
             self._empty = False
