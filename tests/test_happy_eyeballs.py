@@ -56,12 +56,26 @@ def resolve_to(monkeypatch: pytest.MonkeyPatch, *infos: tuple[Any, ...]) -> None
     monkeypatch.setattr(anyio, "getaddrinfo", getaddrinfo)
 
 
+def closed_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Distinct ports nobody listens on: connecting there is refused at once.
+
+    All sockets stay bound until every port is chosen, so the kernel cannot
+    hand out the same free port twice.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sockets = [socket.socket(family) for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind((host, 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
 def closed_port(host: str = "127.0.0.1") -> int:
     """A port nobody listens on: connecting there is refused at once."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    return closed_ports(1, host)[0]
 
 
 @contextmanager
@@ -281,7 +295,7 @@ async def test_all_refused_is_a_refusal_naming_every_address(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     attempts = Attempts(monkeypatch)
-    ports = [closed_port(), closed_port(), closed_port()]
+    ports = closed_ports(3)
     resolve_to(monkeypatch, *(info("127.0.0.1", port) for port in ports))
     address = f"tcp://{NAME}:{ports[0]}"
     with anyio.fail_after(5), pytest.raises(ConnectionRefusedError) as exc_info:
@@ -306,7 +320,7 @@ async def test_all_refused_is_a_refusal_naming_every_address(
 async def test_different_failures_are_each_named(monkeypatch: pytest.MonkeyPatch) -> None:
     # An unroutable address cannot be reached from a loopback-only test: the
     # kernel's answer (ENETUNREACH) is simulated for one port.
-    unreachable, refused = closed_port(), closed_port()
+    unreachable, refused = closed_ports(2)
     real = connect_module._connect_socket
 
     async def connect_socket(sock: socket.socket, sockaddr: Any) -> None:
@@ -358,7 +372,7 @@ async def test_cancelling_connect_closes_every_pending_attempt(
 @needs_ipv6
 async def test_ipv6_refused_then_ipv4(monkeypatch: pytest.MonkeyPatch) -> None:
     attempts = Attempts(monkeypatch)
-    refused6, refused6_again = closed_port("::1"), closed_port("::1")
+    refused6, refused6_again = closed_ports(2, "::1")
     async with serving("127.0.0.1") as port:
         # families alternate: the second IPv6 address waits behind the IPv4 one
         resolve_to(
