@@ -84,6 +84,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import enum
 import os
 from abc import ABCMeta, abstractmethod
 from typing import TYPE_CHECKING, Final
@@ -120,6 +121,7 @@ __all__ = [
     "MAX_QUEUED_BYTES",
     "MAX_QUEUED_MESSAGES",
     "PullReceiver",
+    "PushMode",
     "PushReceiver",
     "Receiver",
     "start_receiver",
@@ -407,11 +409,72 @@ async def _wait_for_grant(conn: Connection) -> None:
 
 
 @final
+class PushMode(enum.Enum):
+    """What a :class:`PushReceiver` does next: who reads, and what stops it.
+
+    ::
+
+                            queue full
+            ┌──────────▶ LOOP_READS ────────────────▶ QUEUE_FULL
+            │               │  ▲                          │
+            │ its message   │  └── a receive makes room ──┘
+            │ is complete   │
+            │               ▼ the next message is the task's to read
+            └──────────── TASK_READS ◀──────────────────────────┐
+                            │  ▲                                │ a callback, or a
+                    a short │  │ a read that is not short       │ wait() that is not
+                       read ▼  │                                │ a yield
+                        TASK_YIELD_DUE ── wait(): one pass ──▶ TASK_YIELDING
+                               ▲          of the event loop      │
+                               └────────── a short read ─────────┘
+
+            any mode ── the stream ends or fails ──▶ ENDED ── close() ──▶ CLOSED
+
+    A message the task reads is complete in any ``TASK_*`` mode; what came
+    after it in the same reads is decoded at once, which may fill the queue or
+    leave the next message to the task again (a short last read carries over:
+    ``TASK_YIELD_DUE``). Whether the transport's readiness callback is
+    registered is kept apart (``_registered``): a callback that finds nothing
+    to do drops it, and a wait or a receive that makes room registers again.
+    """
+
+    #: the readiness callback reads and decodes; the queue has room
+    LOOP_READS = "loop reads"
+    #: the queue is full: a callback drops the registration (the bytes wait in
+    #: the kernel), and the receive that makes room reads again
+    QUEUE_FULL = "queue full"
+    #: the next message is the task's to read (see the module): a callback wakes
+    #: it, or with no task waiting (its receive was cancelled, say) drops the
+    #: registration until it waits again
+    TASK_READS = "task reads"
+    #: as TASK_READS, and the task's last read came up short: its next wait is
+    #: one pass of the event loop
+    TASK_YIELD_DUE = "task yield due"
+    #: as TASK_READS, in that pass: the first callback with no task waiting is
+    #: absorbed (the task looks at the socket in this pass anyway)
+    TASK_YIELDING = "task yielding"
+    #: the stream ended or failed: what ended it is raised after the queue
+    ENDED = "ended"
+    #: close() was called
+    CLOSED = "closed"
+
+
+LOOP_READS: Final = PushMode.LOOP_READS
+QUEUE_FULL: Final = PushMode.QUEUE_FULL
+TASK_READS: Final = PushMode.TASK_READS
+TASK_YIELD_DUE: Final = PushMode.TASK_YIELD_DUE
+TASK_YIELDING: Final = PushMode.TASK_YIELDING
+ENDED: Final = PushMode.ENDED
+CLOSED: Final = PushMode.CLOSED
+
+
+@final
 class PushReceiver(Receiver):
     """The event loop reads and decodes; the task takes whole messages (asyncio).
 
     Create it with :meth:`start`, which returns ``None`` when the transport
-    cannot deliver readiness callbacks.
+    cannot deliver readiness callbacks. Its state is a :class:`PushMode`
+    (:attr:`mode`), whose diagram is there.
 
     Cancellation: AnyIO delivers a cancellation to an asyncio task only while
     the future it waits for is still pending, retrying once per pass of the
@@ -425,24 +488,20 @@ class PushReceiver(Receiver):
     __slots__ = (
         "__weakref__",
         "_budget_min",
-        "_closed",
         "_conn",
         "_end",
         "_loop",
         "_pause",
-        "_paused",
-        "_pausing",
-        "_pulling",
         "_queue",
         "_queued_bytes",
-        "_reading",
-        "_short",
+        "_registered",
         "_timed",
         "_transport",
         "_waiter",
         "_wake_on_bytes",
         "_wake_on_partial",
         "check_before_wait",
+        "mode",
     )
 
     def __init__(
@@ -458,6 +517,9 @@ class PushReceiver(Receiver):
         self._transport = transport
         self._conn = conn
         self._loop = loop
+        self.mode = LOOP_READS
+        # registered for the transport's readiness callbacks
+        self._registered = False
         self._wake_on_bytes = wake_on_bytes
         # Wake the task once when a message is left incomplete by a callback (the
         # comm then times it: see Comm._wait_guarded); False again once noted.
@@ -466,22 +528,11 @@ class PushReceiver(Receiver):
         # decoded messages, each with its cost (frames_cost: computed once)
         self._queue: collections.deque[tuple[Frames, int]] = collections.deque()
         self._queued_bytes = 0
-        # what ended the stream, raised after the queued messages
+        # what ended the stream (mode ENDED), raised after the queued messages
         self._end: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
-        # registered for readiness callbacks; paused: the queue is full (or the
-        # stream ended), so a callback drops the registration instead of reading
-        self._reading = False
-        self._paused = False
-        # a large frame is due: the task reads until its message is complete
-        self._pulling = False
-        # the task's last read of that message came up short: its next wait is
-        # one pass of the event loop (see the module) ...
-        self._short = False
+        # one pass of the event loop (mode TASK_YIELD_DUE)
         self._pause = _asyncio_pause if pause is None else pause
-        # ... which the task was given and has not used yet
-        self._pausing = False
-        self._closed = False
         # Messages costing at least this hold a reservation of the budget until
         # the task takes them (mode CALLBACK, set by start once this engine is
         # the one that runs).
@@ -513,7 +564,7 @@ class PushReceiver(Receiver):
         )
         if not transport.start_reading(receiver._on_readable):
             return None  # (the connection is left as the pull engine wants it)
-        receiver._reading = True
+        receiver._registered = True
         # (mode CALLBACK: the frames of a many-frame message are the task's to
         # read, and a reservation lasts until the task takes its message)
         conn.start_receiving(CALLBACK, offload_min=OFFLOAD_MIN, check_every=CHECK_EVERY)
@@ -528,32 +579,22 @@ class PushReceiver(Receiver):
 
     @property
     def ended(self) -> bool:
-        return (self._end is not None or self._closed) and not self._queue
+        mode = self.mode
+        return (mode is ENDED or mode is CLOSED) and not self._queue
 
     @property
     def yield_due(self) -> bool:
-        return self._short and self._pulling
+        return self.mode is TASK_YIELD_DUE
 
     def _on_readable(self) -> None:
         """The event loop's callback: receive and decode until the socket is
         drained or the queue is full; wake the task if it has something."""
-        if self._paused:
-            self._stop_reading()  # bytes wait in the kernel until there is room
-            return
-        if self._pulling:
-            # The task reads this message: wake it. While it takes the pass of
-            # the loop it asked for, it looks at the socket in this pass anyway;
-            # otherwise (its receive was cancelled, say) stop until it waits again.
-            self._transport.readable()
-            waiter = self._waiter
-            if waiter is not None:
-                self._waiter = None
-                if not waiter.done():
-                    waiter.set_result(None)
-            elif self._pausing:
-                self._pausing = False  # (once: a second call stops)
+        mode = self.mode
+        if mode is not LOOP_READS:
+            if mode is TASK_READS or mode is TASK_YIELD_DUE or mode is TASK_YIELDING:
+                self._task_readable()
             else:
-                self._stop_reading()
+                self._unregister()  # bytes wait in the kernel until there is room
             return
         # Bytes (or the end) arrived: with an idle timeout to enforce, that is
         # activity even when they complete no message (nor even a TLS record).
@@ -564,7 +605,7 @@ class PushReceiver(Receiver):
         try:
             while True:
                 if conn.receiving.status is WAIT_BUDGET:
-                    self._stop_reading()  # until the budget grants the message
+                    self._unregister()  # until the budget grants the message
                     break
                 n, short = _read(conn, transport)
                 if n < 0:
@@ -584,19 +625,34 @@ class PushReceiver(Receiver):
         waiter = self._waiter
         if waiter is not None and (
             self._queue
-            or self._end is not None
+            or self.mode is not LOOP_READS
             or got_bytes
-            or self._pulling
             or (self._wake_on_partial and not conn.at_message_boundary)
         ):
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
 
+    def _task_readable(self) -> None:
+        """The socket is readable while the task reads its message: wake it.
+        While it takes the pass of the loop it asked for, it looks at the
+        socket in this pass anyway; otherwise (its receive was cancelled, say)
+        stop until it waits again."""
+        self._transport.readable()
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
+        elif self.mode is TASK_YIELDING:
+            self.mode = TASK_READS  # (once: a second call stops)
+        else:
+            self._unregister()
+
     def _decode(self) -> bool:
         """Queue every message the connection can complete; return True if the
-        callback is to stop reading: the queue became full (reading is then
-        stopped), or the next message is the task's to read (see the module)."""
+        callback is to stop reading: the queue became full (mode QUEUE_FULL),
+        or the next message is the task's to read (mode TASK_READS)."""
         conn = self._conn
         next_message = conn.next_message
         queue = self._queue
@@ -606,7 +662,7 @@ class PushReceiver(Receiver):
                 queue.append((frames, cost))
                 self._queued_bytes += cost
                 if self._queued_bytes >= MAX_QUEUED_BYTES or len(queue) >= MAX_QUEUED_MESSAGES:
-                    self._paused = True
+                    self.mode = QUEUE_FULL
                     return True
             status = conn.receiving.status
             if status is not DECOMPRESS:
@@ -619,23 +675,24 @@ class PushReceiver(Receiver):
             queue.append((frames, cost))
             self._queued_bytes += cost
             if self._queued_bytes >= MAX_QUEUED_BYTES or len(queue) >= MAX_QUEUED_MESSAGES:
-                self._paused = True
+                self.mode = QUEUE_FULL
                 return True
         if status is TASK_READS_FRAME or status is TASK_READS_MANY or status is DECOMPRESS:
-            self._pulling = True  # the task reads this message (see the module)
+            self.mode = TASK_READS  # the task reads this message (see the module)
             return True
         return False
 
     def _budget_granted(self) -> None:
         """The budget granted the message that waited: read it (called by the
         budget from the release of another connection, or of this one)."""
-        if self._closed or self._end is not None:
+        mode = self.mode
+        if mode is ENDED or mode is CLOSED:
             return
-        if not self._reading and not self._paused:
-            self._reading = self._transport.start_reading(self._on_readable)
+        if mode is not QUEUE_FULL:
+            self._register()
         self._resume()
         waiter = self._waiter
-        if waiter is not None and (self._queue or self._end is not None or self._pulling):
+        if waiter is not None and (self._queue or self.mode is not LOOP_READS):
             self._waiter = None
             if not waiter.done():
                 waiter.set_result(None)
@@ -673,13 +730,14 @@ class PushReceiver(Receiver):
                         # TLS: the callback fills the frame's buffer from now
                         # on (get_buffer() made it) and wakes the task with the
                         # whole message (see the module).
-                        self._pulling = False
+                        self.mode = LOOP_READS
                     return None
                 if n:
-                    self._short = short
+                    self.mode = TASK_YIELD_DUE if short else TASK_READS
         finally:
             conn.receiving.mode = CALLBACK
-        self._pulling = False
+        short = self.mode is TASK_YIELD_DUE
+        self.mode = LOOP_READS
         cost = frames_cost(frames)
         if cost >= self._budget_min:
             self._conn.message_taken(cost)
@@ -693,8 +751,9 @@ class PushReceiver(Receiver):
             self._decode()
         except Exception as exc:
             self._set_end(exc)
-        # (a short last read is inside a message only if the task reads that one)
-        self._short = self._short and self._pulling
+        if short and self.mode is TASK_READS:
+            # a short last read is inside the next message the task reads
+            self.mode = TASK_YIELD_DUE
         return frames
 
     def keep_taken(self, keeper: BudgetAccount) -> None:
@@ -704,12 +763,17 @@ class PushReceiver(Receiver):
         """Keep what ended the stream (without its traceback, which holds this
         receiver's frame: a cycle) to raise after the queued messages."""
         exc.__traceback__ = None
-        self._end = exc
-        self._paused = True
+        if self.mode is not CLOSED:
+            self._end = exc
+            self.mode = ENDED
 
-    def _stop_reading(self) -> None:
-        if self._reading:
-            self._reading = False
+    def _register(self) -> None:
+        if not self._registered:
+            self._registered = self._transport.start_reading(self._on_readable)
+
+    def _unregister(self) -> None:
+        if self._registered:
+            self._registered = False
             self._transport.stop_reading()
 
     def receive_nowait(self) -> Frames | None:
@@ -720,26 +784,24 @@ class PushReceiver(Receiver):
             if cost >= self._budget_min:
                 self._conn.message_taken(cost)
             if (
-                self._paused
+                self.mode is QUEUE_FULL
                 and self._queued_bytes < MAX_QUEUED_BYTES
                 and len(queue) < MAX_QUEUED_MESSAGES
-                and self._end is None
-                and not self._closed
             ):
                 # The queue was full and is not any more: read again, starting
                 # with what the connection already holds (the socket may stay quiet).
-                self._paused = False
-                if not self._reading:
-                    self._reading = self._transport.start_reading(self._on_readable)
+                self.mode = LOOP_READS
+                self._register()
                 self._resume()
             return frames
+        mode = self.mode
+        if mode is LOOP_READS:
+            return None
+        if mode is CLOSED:
+            raise ClosedResourceError
         end = self._end
         if end is None:
-            if self._closed:
-                raise ClosedResourceError
-            if self._pulling:
-                return self._pull()
-            return None
+            return None if mode is QUEUE_FULL else self._pull()  # (a TASK_* mode)
         if isinstance(end, (EndOfData, RemoteProtocolError)):
             self._conn.next_message()  # it raises it again, as a new exception
         try:
@@ -748,26 +810,27 @@ class PushReceiver(Receiver):
             del end  # (this frame is in its traceback: no cycle)
 
     def wait(self) -> Awaitable[None]:
-        if self._closed:
+        mode = self.mode
+        if mode is CLOSED:
             raise ClosedResourceError
-        if self._pulling and self._conn.receiving.status is DECOMPRESS:
-            return _decompress_in_thread(self._conn, self._transport)
-        if self.yield_due:
-            # A short read inside the message the task reads: look again after
-            # one pass of the event loop (see the module).
-            self._short = False
-            self._pausing = True
-            self._transport.readable()
-            return self._pause()
-        self._pausing = False
+        if mode is TASK_READS or mode is TASK_YIELD_DUE or mode is TASK_YIELDING:
+            if self._conn.receiving.status is DECOMPRESS:
+                return _decompress_in_thread(self._conn, self._transport)
+            if mode is TASK_YIELD_DUE:
+                # A short read inside the message the task reads: look again
+                # after one pass of the event loop (see the module).
+                self.mode = TASK_YIELDING
+                self._transport.readable()
+                return self._pause()
+            self.mode = TASK_READS
         # Called at a message boundary: wake the task if a message begins and is
         # left incomplete. Called inside a message: the comm times it already.
         self._wake_on_partial = self._timed and self._conn.at_message_boundary
-        if not self._reading and not self._paused:
+        if not self._registered and mode is not QUEUE_FULL and mode is not ENDED:
             # The callback stopped while the task, reading a large frame, was busy.
-            self._reading = self._transport.start_reading(self._on_readable)
+            self._registered = self._transport.start_reading(self._on_readable)
         waiter = self._waiter = self._loop.create_future()
-        if self._queue or self._end is not None:
+        if self._queue or mode is ENDED:
             # Something came while the comm yielded between its last look and
             # this wait (its listener's shutdown checkpoint, say): it has
             # yielded already, so a done future (which does not yield) is right.
@@ -775,14 +838,13 @@ class PushReceiver(Receiver):
         return waiter
 
     def close(self) -> None:
-        if self._closed:
+        if self.mode is CLOSED:
             return
-        self._closed = True
-        self._paused = True
+        self.mode = CLOSED
         # The end, raised by receive_nowait(), holds the frames it passed
         # through, which hold this receiver: drop it (no cycle outlives a comm).
         self._end = None
-        self._stop_reading()
+        self._unregister()
         self._conn.stop_receiving()
         waiter, self._waiter = self._waiter, None
         if waiter is not None and not waiter.done():

@@ -18,6 +18,7 @@ from anyio_comm._receivers import (
     MAX_QUEUED_BYTES,
     MAX_QUEUED_MESSAGES,
     PullReceiver,
+    PushMode,
     PushReceiver,
 )
 from anyio_comm._sansio.budget import FRAME_COST
@@ -26,6 +27,8 @@ from anyio_comm._transports.rawsocket import IOV_MAX, SocketTransport, _LoopRead
 
 from .certs import client_context, server_context
 from .helpers import connected_pair
+
+TASK_MODES = (PushMode.TASK_READS, PushMode.TASK_YIELD_DUE, PushMode.TASK_YIELDING)
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -118,15 +121,15 @@ async def test_push_engine_stops_reading_at_its_queue_bound(
             with anyio.fail_after(10):
                 await wait_all_tasks_blocked()  # the producer waits for room
             assert 0 < sent < count
-            assert not receiver._reading  # stopped: nothing runs for this socket
-            assert receiver._paused
+            assert not receiver._registered  # stopped: nothing runs for this socket
+            assert receiver.mode is PushMode.QUEUE_FULL
             # 64 messages of ~1 KB with their frame's cost: the count bound, not the bytes'
             assert len(receiver._queue) == MAX_QUEUED_MESSAGES
             assert receiver._queued_bytes < MAX_QUEUED_BYTES
             for i in range(count):
                 with anyio.fail_after(10):
                     assert (await server.receive())["i"] == i
-        assert receiver._reading
+        assert receiver._registered
 
 
 async def test_push_engine_leaves_large_frames_to_the_task(anyio_backend_name: str) -> None:
@@ -149,7 +152,7 @@ async def test_push_engine_leaves_large_frames_to_the_task(anyio_backend_name: s
             tg.start_soon(produce)
             with anyio.fail_after(10):
                 await wait_all_tasks_blocked()
-            assert not receiver._reading
+            assert not receiver._registered
             assert not receiver._queue
             assert (
                 receiver._conn.receiving.status is ReceiveStatus.TASK_READS_FRAME
@@ -246,7 +249,7 @@ async def test_push_engine_leaves_many_frame_messages_to_the_task(
             tg.start_soon(produce)
             with anyio.fail_after(20):
                 await wait_all_tasks_blocked()
-            assert not receiver._reading
+            assert not receiver._registered
             assert not receiver._queue
             assert receiver._conn.receiving.status is ReceiveStatus.TASK_READS_MANY
             for _ in range(count):
@@ -316,7 +319,7 @@ async def test_push_engine_leaves_a_large_frame_to_the_task(
         def recording_read(buffer: memoryview) -> int | None:
             n = original_read(buffer)
             if n is not None:
-                events.append("read by the task" if receiver._pulling else "read")
+                events.append("read by the task" if receiver.mode in TASK_MODES else "read")
             return n
 
         def recording_stop() -> None:
@@ -346,7 +349,7 @@ async def test_push_engine_leaves_a_large_frame_to_the_task(
             else:
                 assert events.count("read by the task") <= 3, events
                 assert "pause" not in events
-            assert not receiver._pulling
+            assert receiver.mode is PushMode.LOOP_READS
 
 
 async def test_the_loop_callback_sends_the_rest_of_a_large_message(

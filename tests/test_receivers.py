@@ -7,11 +7,13 @@ import asyncio
 from collections import deque
 from typing import TYPE_CHECKING
 
+import anyio
 import pytest
 
 from anyio_comm import ReceiveBudget
-from anyio_comm._receivers import PullReceiver, PushReceiver
+from anyio_comm._receivers import MAX_QUEUED_MESSAGES, PullReceiver, PushMode, PushReceiver
 from anyio_comm._sansio.connection import ReceiveStatus
+from anyio_comm._sansio.errors import EndOfData
 
 from .sansio.test_connection import Pair, joined
 
@@ -266,17 +268,59 @@ def test_the_push_engine_stops_reading_when_the_task_leaves_a_large_frame(
     receiver, transport = scripted_push_receiver(loop)
     pieces = chunks(data)
     transport.script.extend([pieces[0], pieces[1], pieces[2], None, *pieces[3:]])
+    assert receiver.mode is PushMode.LOOP_READS
     transport.fire()  # the start of the message: the task's to read
+    assert receiver.mode is PushMode.TASK_READS
     assert receiver.receive_nowait() is None
+    assert receiver.mode is PushMode.TASK_YIELD_DUE  # (a short read)
     receiver.wait()  # the pass of the loop ...
+    assert receiver.mode is PushMode.TASK_YIELDING
     transport.fire()  # ... during which the socket is readable
+    assert receiver.mode is PushMode.TASK_READS
     transport.fire()  # a second pass: the task did not look
     assert transport.log[-5:] == ["callback", "readable", "callback", "readable", "stop"]
     assert receiver.receive_nowait() is None  # the task comes back: read 3, short
     receiver.wait()  # a pass of the loop needs no registration
     assert receiver.receive_nowait() is None  # nothing after it
+    assert receiver.mode is PushMode.TASK_YIELDING
     waiter = receiver.wait()
+    assert receiver.mode is PushMode.TASK_READS
     assert transport.log[-5:] == ["read", "readable", "pause", "eagain", "start"]
     assert not waiter.done()  # type: ignore[attr-defined]
     transport.fire()
     assert waiter.done()  # type: ignore[attr-defined]
+    while receiver.receive_nowait() is None:
+        receiver.wait()
+    assert receiver.mode is PushMode.LOOP_READS  # the message is complete
+
+
+def test_the_push_engine_modes_for_a_full_queue_the_end_and_close(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """A full queue stops the callback (the registration is dropped at its next
+    call) until a receive makes room; the stream's end is raised after the queued
+    messages; close() ends every mode."""
+    receiver, transport = scripted_push_receiver(loop)
+    sender = Pair().a
+    small = joined(sender.send_message([memoryview(b"m")]))
+    count = MAX_QUEUED_MESSAGES + 1
+    transport.script.extend([small * count, b""])
+    transport.fire()
+    assert receiver.mode is PushMode.QUEUE_FULL  # one message left in the connection
+    transport.fire()  # readable again: nothing read, the registration dropped
+    assert transport.log[-2:] == ["callback", "stop"]
+    assert receiver.receive_nowait() is not None  # room, taken by the message left
+    assert receiver.mode is PushMode.QUEUE_FULL
+    assert transport.log[-2:] == ["stop", "start"]  # (dropped again by the next callback)
+    assert receiver.receive_nowait() is not None  # room: the socket is read again
+    assert receiver.mode is PushMode.ENDED  # (the script's last step is the end)
+    assert transport.log[-3:] == ["start", "readable", "read"]
+    for _ in range(count - 2):
+        assert receiver.receive_nowait() is not None
+    assert receiver.ended
+    with pytest.raises(EndOfData):
+        receiver.receive_nowait()
+    receiver.close()
+    assert receiver.mode is PushMode.CLOSED
+    with pytest.raises(anyio.ClosedResourceError):
+        receiver.receive_nowait()
