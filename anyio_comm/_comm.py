@@ -67,7 +67,6 @@ from anyio import (
     ClosedResourceError,
     EndOfStream,
     TypedAttributeSet,
-    aclose_forcefully,
     current_time,
     move_on_after,
     typed_attribute,
@@ -76,20 +75,20 @@ from anyio.abc import ObjectStream
 from anyio.lowlevel import RunVar, checkpoint
 
 from ._backend import current_backend
+from ._closing import close_transport, send_close_record
 from ._compat import final
 from ._exceptions import (
-    IdleTimeoutError,
     LocalProtocolError,
-    MessageTimeoutError,
     PeerClosed,
     PeerClosedError,
     ReceiveBudgetError,
     RemoteProtocolError,
 )
+from ._receive_timers import Expired, ReceiveTimers
 from ._receivers import start_receiver
 from ._sansio.budget import frames_cost
-from ._sansio.close import CloseCode, CloseReason, reason_for_protocol_error
-from ._sansio.connection import Connection, ConnectionState, EndOfData, ReceiveStatus
+from ._sansio.close import CloseReason, reason_for_protocol_error
+from ._sansio.connection import Connection, ConnectionState, EndOfData
 from ._sansio.pool import BufferPool
 from ._sansio.wire import Capability
 from ._util import ConflictDetector
@@ -110,16 +109,13 @@ __all__ = [
     "Comm",
     "CommAttribute",
     "IdleHook",
-    "close_stalled",
     "current_buffer_pool",
     "establish",
+    "keep_taken",
+    "receive_with_cost",
 ]
 
 logger = logging.getLogger("anyio_comm")
-
-#: seconds a comm that closes gives its close record to be written (a peer
-#: that reads nothing can leave the socket unable to take even these bytes)
-CLOSE_RECORD_TIMEOUT: Final = 1.0
 
 
 class _State(enum.Enum):
@@ -130,6 +126,7 @@ class _State(enum.Enum):
 
 _OPEN: Final = _State.OPEN
 _CONN_OPEN: Final = ConnectionState.OPEN
+_NONE_REFUSED: Final[list[tuple[int, LocalProtocolError]]] = []  # (never changed)
 
 
 class CommAttribute(TypedAttributeSet):
@@ -154,15 +151,20 @@ class IdleHook:
 
     A listener passes one to the comm it creates; during a graceful shutdown it
     calls :meth:`call_when_idle` to stop the handler as soon as its comm waits
-    between messages, when stopping it loses nothing.
+    between messages, when stopping it loses nothing. The comm marks each wait
+    in :attr:`waiting` and reads :attr:`callback` and :attr:`stopped_idle` (plain
+    attributes: two method calls per wait measured 1 % of a small round trip),
+    and reports the rest through the methods below.
     """
 
-    __slots__ = ("_callback", "_waiting", "stopped_idle")
+    __slots__ = ("callback", "stopped_idle", "waiting")
 
     def __init__(self) -> None:
-        self._callback: Callable[[], object] | None = None
-        # the receiver while a receive() waits (set by the comm)
-        self._waiting: Receiver | None = None
+        #: what stops the handler, once :meth:`call_when_idle` was called (the
+        #: comm then calls :meth:`stop_if_idle` before each wait)
+        self.callback: Callable[[], object] | None = None
+        #: the receiver while a ``receive()`` waits, else None (set by the comm)
+        self.waiting: Receiver | None = None
         #: the last receive() was interrupted while it waited between messages
         #: (by the callback, or by any exception) and no message has been taken
         #: since: stopping the handler there lost nothing
@@ -171,17 +173,40 @@ class IdleHook:
     @property
     def idle(self) -> bool:
         """True while a ``receive()`` waits and no part of a message has arrived."""
-        waiting = self._waiting
+        waiting = self.waiting
         return waiting is not None and waiting.at_message_boundary
 
     def call_when_idle(self, callback: Callable[[], object]) -> None:
         """Call ``callback()`` now if the comm is idle, else as soon as a
         ``receive()`` is about to wait between messages (in that receive's task,
         which then checkpoints: a cancellation by the callback is raised there)."""
-        self._callback = callback
+        self.callback = callback
         if self.idle:
             self.stopped_idle = True
             callback()
+
+    # -- called by the comm's receive ------------------------------------------
+
+    def stop_if_idle(self, receiver: Receiver) -> bool:
+        """A receive is about to wait on ``receiver``: if no part of a message
+        has arrived, call the callback and return True (the receive then
+        checkpoints, where the handler's cancellation is raised)."""
+        callback = self.callback
+        if callback is None or not receiver.at_message_boundary:
+            return False
+        self.stopped_idle = True
+        callback()
+        return True
+
+    def wait_interrupted(self, receiver: Receiver) -> None:
+        """The wait on ``receiver`` raised (anything)."""
+        if receiver.at_message_boundary:
+            self.stopped_idle = True
+
+    def message_taken(self) -> None:
+        """A receive took a message (the comm calls it only after an interruption
+        was noted)."""
+        self.stopped_idle = False
 
 
 def _as_frame(buffer: Buffer) -> memoryview:
@@ -210,13 +235,9 @@ class Comm(ObjectStream[Any]):
         "_check_cancelled",
         "_conn",
         "_error",
-        "_handshake_deadline",
         "_hook",
         "_idle_timeout",
         "_local_address",
-        "_message_timeout",
-        "_message_waited",
-        "_min_receive_rate",
         "_peer_address",
         "_peer_reason",
         "_pending",
@@ -225,6 +246,7 @@ class Comm(ObjectStream[Any]):
         "_send_guard",
         "_serializer",
         "_state",
+        "_timers",
         "_transport",
         "_trio",
         "_yield_due",
@@ -239,16 +261,11 @@ class Comm(ObjectStream[Any]):
         *,
         local_address: str,
         peer_address: str,
-        idle_timeout: float | None = None,
-        message_timeout: float | None = None,
-        min_receive_rate: int = 0,
+        timers: ReceiveTimers,
         hook: IdleHook | None = None,
-        handshake_deadline: float = math.inf,
     ) -> None:
         if conn.peer is None and not conn.early:
             raise ValueError("the connection's handshake is not complete")
-        # (early data) when the peer's preamble must have arrived by
-        self._handshake_deadline = handshake_deadline
         self._transport = transport
         self._conn = conn
         self._receiver = receiver
@@ -269,11 +286,8 @@ class Comm(ObjectStream[Any]):
         # A message taken by a receive that was then cancelled in its final
         # checkpoint; the next receive returns it.
         self._pending: Frames | None = None
-        self._idle_timeout = idle_timeout
-        self._message_timeout = message_timeout
-        self._min_receive_rate = min_receive_rate
-        # seconds waited for the peer since the message being received began
-        self._message_waited = 0.0
+        self._timers = timers
+        self._idle_timeout = timers.idle_timeout  # (read by every receive)
         # why the comm broke, when it was closed for a reason of its own
         self._error: BrokenResourceError | None = None
         # what the peer's close record said, once a receive reached it
@@ -402,23 +416,6 @@ class Comm(ObjectStream[Any]):
         del frames  # (the message goes before the close record does)
         await self._refuse(error)
 
-    async def _receive_with_cost(self) -> tuple[Any, int]:
-        """:meth:`receive`, and what the message costs as the receive budget counts
-        it (:func:`~anyio_comm._sansio.budget.message_cost`: its frames' bytes plus
-        256 per frame). For :mod:`anyio_comm.rpc`.
-
-        Raises:
-            Exception: what :meth:`receive` raises.
-        """
-        frames = await self.receive_frames()
-        cost = frames_cost(cast("Frames", frames))
-        try:
-            return self._serializer.loads(frames), cost
-        except RemoteProtocolError as exc:
-            error = exc.with_traceback(None)
-        del frames
-        await self._refuse(error)
-
     async def _refuse(self, error: RemoteProtocolError) -> NoReturn:
         """Close the connection for a message whose body cannot be decoded (its
         frames already dropped: the error must not keep them), and raise ``error``.
@@ -429,26 +426,6 @@ class Comm(ObjectStream[Any]):
         error.rule = "message-layer"
         await self._fail(reason=reason_for_protocol_error(error))
         raise error
-
-    def _keep_taken(self) -> tuple[BudgetAccount, int] | None:
-        """Keep received messages charged to the receive budget after they are
-        taken, for :mod:`anyio_comm.rpc`, whose calls wait in a queue.
-
-        From now on the reservation of each message that :meth:`receive` returns
-        (those costing at least the returned threshold; smaller ones are never
-        reserved) goes to a new account of the comm's budget, returned, instead
-        of back to the budget: its owner releases it, and closes the account when
-        done with the comm. The budget's stall check closes this comm for that
-        account too. ``None`` when the comm has no budget.
-        """
-        conn = self._conn
-        account = conn.account
-        if account is None:
-            return None
-        keeper = account.budget.account()
-        keeper.on_stall = self._stalled
-        self._receiver.keep_taken(keeper)
-        return keeper, conn.budget_min
 
     async def receive_frames(self) -> Sequence[memoryview]:
         """Receive the next message as a sequence of frames.
@@ -497,31 +474,29 @@ class Comm(ObjectStream[Any]):
                             if receiver.check_before_wait:
                                 await self._check_cancelled()
                             if hook is not None:
-                                if hook._callback is not None and receiver.at_message_boundary:
-                                    hook.stopped_idle = True
-                                    hook._callback()  # cancels the listener's handler task ...
-                                    await checkpoint()  # ... here, before anything is read
-                                hook._waiting = receiver
+                                if hook.callback is not None and hook.stop_if_idle(receiver):
+                                    await checkpoint()  # (cancelled here, before a read)
+                                hook.waiting = receiver
                             try:
                                 if receiver.yield_due or (
                                     self._idle_timeout is None and receiver.at_message_boundary
                                 ):
                                     await receiver.wait()
                                 else:
-                                    await self._wait_guarded()
+                                    await self._timers.wait(receiver, self._conn)
                             except BaseException:
-                                if hook is not None and receiver.at_message_boundary:
-                                    hook.stopped_idle = True
+                                if hook is not None:
+                                    hook.wait_interrupted(receiver)
                                 raise
                             finally:
                                 if hook is not None:
-                                    hook._waiting = None
+                                    hook.waiting = None
                             frames = receiver.receive_nowait()
                             if frames is not None:
                                 self._yield_due = False
-                                self._message_waited = 0.0
-                                if hook is not None:
-                                    hook.stopped_idle = False  # busy with a message now
+                                self._timers.message_waited = 0.0
+                                if hook is not None and hook.stopped_idle:
+                                    hook.message_taken()
                                 return frames
                 except EndOfData as exc:
                     if exc.truncated:
@@ -541,6 +516,9 @@ class Comm(ObjectStream[Any]):
                 except ClosedResourceError:
                     self._check_state(receiving=True)
                     raise
+                except Expired as exc:
+                    await self._fail(graceful=exc.graceful, reason=exc.reason)
+                    raise exc.error from None
             else:
                 self._pending = None
             # Nothing waited: yield now. The message is already taken, so a
@@ -554,99 +532,13 @@ class Comm(ObjectStream[Any]):
                 self._pending = frames
                 raise
             self._yield_due = False
-            self._message_waited = 0.0
-            if self._hook is not None:
-                self._hook.stopped_idle = False  # busy with a message now
+            self._timers.message_waited = 0.0
+            hook = self._hook
+            if hook is not None and hook.stopped_idle:
+                hook.message_taken()
             return frames
         finally:
             guard.held = False
-
-    async def _wait_guarded(self) -> None:
-        """``receiver.wait()`` under the timers that apply to it.
-
-        * The message waits for the receive budget: wake up from time to time
-          to close the connections that stalled holding it.
-        * A message is being received: fail the comm once it has waited longer
-          than ``message_timeout`` plus one second per ``min_receive_rate``
-          bytes received (only time waiting for the peer counts).
-        * ``idle_timeout``: fail the comm when no byte arrives for that long.
-
-        Raises:
-            MessageTimeoutError: the message took too long.
-            IdleTimeoutError: nothing arrived for ``idle_timeout`` seconds.
-        """
-        receiver = self._receiver
-        conn = self._conn
-        if conn.peer is None:
-            # Early data: the peer's preamble has not arrived yet.
-            remaining = self._handshake_deadline - current_time()
-            if remaining > 0:
-                with move_on_after(remaining):
-                    await receiver.wait()
-                    return
-            if self.handshake_complete:
-                # It came meanwhile (the event loop's reader parsed it without
-                # waking us: no message yet): the caller waits on, with the timers
-                # that apply from now on.
-                return
-            await self._fail()
-            raise TimeoutError(
-                f"the preamble of {self._peer_address} did not arrive within handshake_timeout"
-            )
-        status = conn.receiving.status
-        if status is ReceiveStatus.DECOMPRESS:
-            # Our side decompresses a frame (in a worker thread): the peer's
-            # timers do not run meanwhile.
-            await receiver.wait()
-            return
-        if status is ReceiveStatus.WAIT_BUDGET:
-            # Our side holds the message back: neither the peer's timers run.
-            account = conn.account
-            assert account is not None
-            budget = account.budget
-            stall_timeout = budget.stall_timeout
-            interval = math.inf if stall_timeout is None else min(stall_timeout / 4, 1.0)
-            with move_on_after(interval):
-                await receiver.wait()
-                return
-            close_stalled(budget)
-            return
-        idle_timeout = self._idle_timeout
-        timeout = math.inf if idle_timeout is None else idle_timeout
-        in_message = not receiver.at_message_boundary
-        message_timeout = self._message_timeout
-        if in_message and message_timeout is not None:
-            received = conn.received_in_message
-            allowance = message_timeout - self._message_waited
-            if self._min_receive_rate:
-                allowance += received / self._min_receive_rate
-            if allowance <= 0:
-                error = MessageTimeoutError(
-                    f"a message did not complete in time: {received} bytes of it arrived "
-                    f"in {self._message_waited:.3g} s of waiting (message_timeout "
-                    f"{message_timeout:g} s, min_receive_rate {self._min_receive_rate} "
-                    "bytes/s)"
-                )
-                await self._fail(
-                    reason=CloseReason.shortened(CloseCode.MESSAGE_TIMEOUT, "", str(error))
-                )
-                raise error
-            timeout = min(timeout, allowance)
-        started = current_time()
-        with move_on_after(timeout) as scope:
-            await receiver.wait()
-        if in_message:
-            self._message_waited += current_time() - started
-        if scope.cancelled_caught and timeout == idle_timeout:
-            # Between messages the peer loses nothing: close gracefully (it sees
-            # the end of the stream); inside a message, break the connection.
-            text = f"nothing received for {idle_timeout:g} s"
-            boundary = receiver.at_message_boundary
-            code = CloseCode.IDLE_TIMEOUT if boundary else CloseCode.MESSAGE_TIMEOUT
-            await self._fail(graceful=boundary, reason=CloseReason(code, "", text))
-            raise IdleTimeoutError(text)
-        # (the message's allowance ran out: the caller reads what arrived, and
-        # the next wait fails unless that was enough)
 
     def _stalled(self, reason: str) -> None:
         """Close the connection for holding receive budget while stalled (called by
@@ -685,7 +577,9 @@ class Comm(ObjectStream[Any]):
             anyio.BrokenResourceError: the connection failed.
             anyio.BusyResourceError: another task is already sending.
         """
-        await self._send(self._serializer.dumps(item))
+        refused = await self._send_messages((self._serializer.dumps(item),))
+        if refused:
+            raise refused[0][1]
 
     async def send_frames(self, buffers: Iterable[Buffer]) -> None:
         """Send a list of buffers as one message of frames.
@@ -703,39 +597,25 @@ class Comm(ObjectStream[Any]):
             anyio.BrokenResourceError: the connection failed.
             anyio.BusyResourceError: another task is already sending.
         """
-        await self._send([_as_frame(buffer) for buffer in buffers])
+        refused = await self._send_messages(([_as_frame(buffer) for buffer in buffers],))
+        if refused:
+            raise refused[0][1]
 
-    async def _send(self, frames: list[memoryview]) -> None:
-        if self._state is not _OPEN:
-            self._check_state()
-        guard = self._send_guard
-        if guard.held:
-            guard.raise_busy()
-        guard.held = True
-        try:
-            conn = self._conn
-            try:
-                iov = conn.send_message(frames)
-            except LocalProtocolError:
-                if conn.our_state is not _CONN_OPEN:
-                    raise ClosedResourceError from None  # after send_eof()
-                raise
-            await self._write(iov)
-        finally:
-            guard.held = False
-
-    async def _send_many(
+    async def _send_messages(
         self, messages: Sequence[list[memoryview]]
     ) -> list[tuple[int, LocalProtocolError]]:
-        """Send several messages with one gather write, in order (for the RPC
-        writer, which queues the messages of many calls). A message over the
-        peer's limits is left out (nothing of it is sent); the others go.
+        """Send messages with one gather write, in order: one message, or the
+        messages of many calls the RPC writer queued. A message over the peer's
+        limits is left out (nothing of it is sent); the others go.
 
         Returns:
             The messages left out: their index and why.
 
         Raises:
-            the errors of :meth:`send_frames`.
+            anyio.ClosedResourceError: this comm was closed, or ``send_eof()``
+                was called.
+            anyio.BrokenResourceError: the connection failed.
+            anyio.BusyResourceError: another task is already sending.
         """
         if self._state is not _OPEN:
             self._check_state()
@@ -745,60 +625,66 @@ class Comm(ObjectStream[Any]):
         guard.held = True
         try:
             conn = self._conn
-            iov: list[Buffer] = []
-            refused: list[tuple[int, LocalProtocolError]] = []
-            for index, frames in enumerate(messages):
+            refused = _NONE_REFUSED
+            if len(messages) == 1:  # (the common case, without the loop's cost)
                 try:
-                    iov += conn.send_message(frames)
+                    iov = conn.send_message(messages[0])
                 except LocalProtocolError as exc:
                     if conn.our_state is not _CONN_OPEN:
-                        raise ClosedResourceError from None
-                    refused.append((index, exc))
-            if iov:
-                await self._write(iov)
+                        raise ClosedResourceError from None  # after send_eof()
+                    return [(0, exc)]
+            else:
+                iov = []
+                refused = []
+                for index, frames in enumerate(messages):
+                    try:
+                        iov += conn.send_message(frames)
+                    except LocalProtocolError as exc:
+                        if conn.our_state is not _CONN_OPEN:
+                            raise ClosedResourceError from None
+                        refused.append((index, exc))
+                if not iov:
+                    return refused
+            # The write, here rather than in a helper: a coroutine frame per send.
+            trio_lowlevel = self._trio
+            yield_due = self._yield_due
+            if trio_lowlevel is not None:
+                await trio_lowlevel.checkpoint_if_cancelled()
+            elif yield_due:
+                await asyncio.sleep(0)
+            else:
+                await self._check_cancelled()
+            transport = self._transport
+            try:
+                waited = await transport.send_all(iov)
+            except ClosedResourceError:
+                self._check_state()
+                raise
+            except BaseException as exc:
+                if transport.send_interrupted:
+                    conn.send_failed()
+                    await self._fail()
+                if isinstance(exc, BrokenResourceError):
+                    # The peer may have said why it closed (the event loop's
+                    # reader found its record already): report that, for good.
+                    end = conn.end_error
+                    if isinstance(end, EndOfData) and end.reason is not None:
+                        self._peer_reason = end.reason
+                        await self._fail()
+                        raise PeerClosedError(end.reason) from exc
+                raise
+            if waited:
+                self._yield_due = False
+            elif trio_lowlevel is None:
+                self._yield_due = not yield_due
+            elif yield_due:
+                self._yield_due = False
+                await trio_lowlevel.cancel_shielded_checkpoint()
+            else:
+                self._yield_due = True
             return refused
         finally:
             guard.held = False
-
-    async def _write(self, iov: list[Buffer]) -> None:
-        """Write one message's (or several messages') buffers; the send guard is held."""
-        conn = self._conn
-        trio_lowlevel = self._trio
-        yield_due = self._yield_due
-        if trio_lowlevel is not None:
-            await trio_lowlevel.checkpoint_if_cancelled()
-        elif yield_due:
-            await asyncio.sleep(0)
-        else:
-            await self._check_cancelled()
-        transport = self._transport
-        try:
-            waited = await transport.send_all(iov)
-        except ClosedResourceError:
-            self._check_state()
-            raise
-        except BaseException as exc:
-            if transport.send_interrupted:
-                conn.send_failed()
-                await self._fail()
-            if isinstance(exc, BrokenResourceError):
-                # The peer may have said why it closed (the event loop's
-                # reader found its record already): report that, for good.
-                end = conn.end_error
-                if isinstance(end, EndOfData) and end.reason is not None:
-                    self._peer_reason = end.reason
-                    await self._fail()
-                    raise PeerClosedError(end.reason) from exc
-            raise
-        if waited:
-            self._yield_due = False
-        elif trio_lowlevel is None:
-            self._yield_due = not yield_due
-        elif yield_due:
-            self._yield_due = False
-            await trio_lowlevel.cancel_shielded_checkpoint()
-        else:
-            self._yield_due = True
 
     async def send_eof(self) -> None:
         """Tell the peer we will send no more messages; we can still receive.
@@ -868,12 +754,12 @@ class Comm(ObjectStream[Any]):
             self._receiver.close()
             if reason is not None and was_open:
                 with CancelScope(shield=True):
-                    told = await self._tell_peer(reason)
-                    if told is False and not reason.clean:
-                        self._transport.abort()
-                        await aclose_forcefully(self._transport)
-                    else:
-                        await self._close_gracefully()
+                    told = await send_close_record(
+                        self._transport, self._conn, self._send_guard, reason, self._peer_address
+                    )
+                    await close_transport(
+                        self._transport, graceful=told is not False or reason.clean
+                    )
                 return
         # Every transport's aclose() is idempotent; after abort() it still closes
         # what abort() could not (a byte stream without a synchronous close()).
@@ -893,49 +779,12 @@ class Comm(ObjectStream[Any]):
             self._receiver.close()
             with CancelScope(shield=True):
                 if reason is not None:
-                    told = await self._tell_peer(reason)
+                    told = await send_close_record(
+                        self._transport, self._conn, self._send_guard, reason, self._peer_address
+                    )
                     if told is not None:
                         graceful = told
-                if graceful:
-                    await self._close_gracefully()
-                else:
-                    self._transport.abort()
-                    await aclose_forcefully(self._transport)
-
-    async def _close_gracefully(self) -> None:
-        """The transport's graceful close, aborted if it takes longer than
-        ``CLOSE_RECORD_TIMEOUT`` (a byte stream may wait for its peer's TLS
-        close_notify); call it shielded."""
-        with move_on_after(CLOSE_RECORD_TIMEOUT) as scope:
-            await self._transport.aclose()
-        if scope.cancelled_caught:
-            self._transport.abort()
-            await aclose_forcefully(self._transport)
-
-    async def _tell_peer(self, reason: CloseReason) -> bool | None:
-        """Write a close record saying ``reason``. Return ``None`` when the peer
-        does not accept close records (or its preamble has not arrived), else
-        whether the record was written: not when a send is under way or our
-        side sent EOF, nor when the transport did not take it within
-        ``CLOSE_RECORD_TIMEOUT``. Call it shielded; it never raises."""
-        conn = self._conn
-        if not conn.peer_accepts(Capability.CLOSE_REASONS):
-            return None
-        guard = self._send_guard
-        if guard.held or conn.our_state is not _CONN_OPEN:
-            return False
-        guard.held = True
-        try:
-            record = conn.close_record(reason)
-            with move_on_after(CLOSE_RECORD_TIMEOUT):
-                await self._transport.send_all([record])
-                return True
-            logger.debug("the close record to %s was not taken in time", self._peer_address)
-        except Exception as exc:
-            logger.debug("the close record to %s was not sent: %r", self._peer_address, exc)
-        finally:
-            guard.held = False
-        return False
+                await close_transport(self._transport, graceful=graceful)
 
     def _check_state(self, *, receiving: bool = False) -> None:
         if self._state is _State.CLOSED:
@@ -950,16 +799,46 @@ class Comm(ObjectStream[Any]):
             raise BrokenResourceError("the connection is broken")
 
 
-def close_stalled(budget: ReceiveBudget) -> None:
-    """Run the budget's stall check, closing the connections it picks (called
-    from time to time by those that wait for the budget)."""
-    stall_timeout = budget.stall_timeout
-    for victim in budget.check_stalls(current_time()):
-        victim.stall(
-            f"held {victim.held} bytes of the receive budget ({budget.max_bytes} "
-            f"bytes) without progress for {stall_timeout:g} s while "
-            f"{budget.waiting} connections waited for it"
-        )
+# -- for anyio_comm.rpc, whose calls wait in a queue ---------------------------
+
+
+async def receive_with_cost(comm: Comm) -> tuple[Any, int]:
+    """:meth:`Comm.receive`, and what the message costs as the receive budget
+    counts it (:func:`~anyio_comm._sansio.budget.message_cost`: its frames'
+    bytes plus 256 per frame).
+
+    Raises:
+        Exception: what :meth:`Comm.receive` raises.
+    """
+    frames = await comm.receive_frames()
+    cost = frames_cost(cast("Frames", frames))
+    try:
+        return comm._serializer.loads(frames), cost
+    except RemoteProtocolError as exc:
+        error = exc.with_traceback(None)
+    del frames
+    await comm._refuse(error)
+
+
+def keep_taken(comm: Comm) -> tuple[BudgetAccount, int] | None:
+    """Keep the messages ``comm`` receives charged to its receive budget after
+    they are taken.
+
+    From now on the reservation of each message that :meth:`Comm.receive`
+    returns (those costing at least the returned threshold; smaller ones are
+    never reserved) goes to a new account of the comm's budget, returned,
+    instead of back to the budget: its owner releases it, and closes the
+    account when done with the comm. The budget's stall check closes this comm
+    for that account too. ``None`` when the comm has no budget.
+    """
+    conn = comm._conn
+    account = conn.account
+    if account is None:
+        return None
+    keeper = account.budget.account()
+    keeper.on_stall = comm._stalled
+    comm._receiver.keep_taken(keeper)
+    return keeper, conn.budget_min
 
 
 async def establish(
@@ -1023,11 +902,14 @@ async def establish(
         options.serializer(peer_accepts_pickle=peer is not None and _accepts_pickle(peer)),
         local_address=local_address,
         peer_address=peer_address,
-        idle_timeout=options.idle_timeout,
-        message_timeout=options.message_timeout,
-        min_receive_rate=options.min_receive_rate,
+        timers=ReceiveTimers(
+            peer_address=peer_address,
+            idle_timeout=options.idle_timeout,
+            message_timeout=options.message_timeout,
+            min_receive_rate=options.min_receive_rate,
+            handshake_deadline=deadline,
+        ),
         hook=hook,
-        handshake_deadline=deadline,
     )
     if peer is None:
 

@@ -522,7 +522,7 @@ class PushReceiver(Receiver):
         self._registered = False
         self._wake_on_bytes = wake_on_bytes
         # Wake the task once when a message is left incomplete by a callback (the
-        # comm then times it: see Comm._wait_guarded); False again once noted.
+        # comm then times it: see ReceiveTimers.wait); False again once noted.
         self._timed = self._wake_on_partial = wake_on_partial
         self.check_before_wait = True
         # decoded messages, each with its cost (frames_cost: computed once)

@@ -58,7 +58,7 @@ async def test_large_payload_is_zero_copy_memoryview(kind: str) -> None:
 
 
 async def test_several_messages_in_one_write(kind: str) -> None:
-    """Comm._send_many (the RPC writer's batch): the messages arrive in order, one
+    """Comm._send_messages (the RPC writer's batch): the messages arrive in order, one
     over the peer's limits left out and reported, nothing of it sent."""
     async with connected_pair(kind, limits=Limits(max_message_size=1000)) as (a, b):
         messages = [
@@ -66,7 +66,7 @@ async def test_several_messages_in_one_write(kind: str) -> None:
             [memoryview(b"x" * 5000)],
             [memoryview(b"t"), memoryview(b"wo")],
         ]
-        refused = await a._send_many(messages)
+        refused = await a._send_messages(messages)
         assert [index for index, _ in refused] == [1]
         assert isinstance(refused[0][1], LocalProtocolError)
         assert [bytes(f) for f in await b.receive_frames()] == [b"one"]

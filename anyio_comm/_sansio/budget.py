@@ -48,6 +48,7 @@ listeners of one event loop (a process-wide budget), not between threads.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Final, final
 
 if TYPE_CHECKING:
@@ -184,6 +185,25 @@ class ReceiveBudget:
         account = BudgetAccount(self)
         self._accounts.add(account)
         return account
+
+    @property
+    def check_interval(self) -> float:
+        """Seconds between stall checks while a connection waits for budget: a
+        quarter of ``stall_timeout``, at most one second (``math.inf`` without a
+        ``stall_timeout``)."""
+        timeout = self._stall_timeout
+        return math.inf if timeout is None else min(timeout / 4, 1.0)
+
+    def close_stalled(self, now: float) -> None:
+        """Run the stall check (:meth:`check_stalls`) and close the connections
+        it picks (:meth:`BudgetAccount.stall`), saying why. Called every
+        :attr:`check_interval` seconds by whoever waits for budget."""
+        for victim in self.check_stalls(now):
+            victim.stall(
+                f"held {victim.held} bytes of the receive budget ({self._max_bytes} "
+                f"bytes) without progress for {self._stall_timeout:g} s while "
+                f"{len(self._waiters)} connections waited for it"
+            )
 
     def check_stalls(self, now: float) -> list[BudgetAccount]:
         """Return the accounts to close because they stalled while others wait.

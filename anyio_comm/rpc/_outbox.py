@@ -18,12 +18,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 
-from .._sansio.errors import LocalProtocolError
-
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .._comm import Comm
+    from .._sansio.errors import LocalProtocolError
 
 __all__ = ["Entry", "Outbox"]
 
@@ -167,8 +166,7 @@ class Outbox:
     async def run(self) -> None:
         """Send the queued messages in order until :meth:`close`, or until the
         connection fails (then :attr:`error` says how, and :meth:`run` returns)."""
-        send = self._comm._send
-        send_many = self._comm._send_many
+        send_messages = self._comm._send_messages
         queue = self._queue
         try:
             while not self._closed:
@@ -193,13 +191,8 @@ class Outbox:
                     self._room = None
                 self._sending = True
                 try:
-                    if len(batch) == 1:
-                        try:
-                            await send(batch[0])
-                        except LocalProtocolError as exc:
-                            _refused(entries[0], exc)
-                    elif batch:
-                        for index, error in await send_many(batch):
+                    if batch:
+                        for index, error in await send_messages(batch):
                             _refused(entries[index], error)
                 finally:
                     self._sending = False

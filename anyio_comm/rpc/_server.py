@@ -13,8 +13,8 @@ its deadline passed, its connection gone):
 * a message large enough for the budget to count (at least the read-ahead
   buffer: see :mod:`anyio_comm._sansio.budget`) was reserved when its header
   arrived; the comm hands that reservation to the connection's own account
-  (:meth:`Comm._keep_taken <anyio_comm.Comm._keep_taken>`) instead of giving
-  it back when the message is read, so it stays charged without a gap;
+  (:func:`anyio_comm._comm.keep_taken`) instead of giving it back when the
+  message is read, so it stays charged without a gap;
 * smaller calls are charged to a per-connection allowance of
   :data:`UNCHARGED_PER_CONNECTION` bytes first (ordinary small calls never
   touch the budget), then to the budget.
@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 import anyio
 from anyio.lowlevel import checkpoint
 
-from .._comm import close_stalled
+from .._comm import keep_taken, receive_with_cost
 from .._compat import final
 from .._listener import listen
 from .._sansio.close import CloseCode, CloseReason
@@ -437,7 +437,7 @@ class Server:
         next call waits for the receive budget (see the module).
         """
         session = _Session(comm, self._max_queued)
-        kept = comm._keep_taken()
+        kept = keep_taken(comm)
         if kept is not None:
             keeper, session.budget_min = kept
             session.keeper = keeper
@@ -477,7 +477,7 @@ class Server:
         while True:
             try:
                 await outbox.wait_for_room()
-                message, cost = await comm._receive_with_cost()
+                message, cost = await receive_with_cost(comm)
             except Exception:
                 return  # the connection ended
             # the bytes of the budget the comm handed over with it (see the module)
@@ -605,16 +605,14 @@ class Server:
         keeper = session.keeper
         assert keeper is not None
         budget = keeper.budget
-        stall_timeout = budget.stall_timeout
-        interval = math.inf if stall_timeout is None else min(stall_timeout / 4, 1.0)
         try:
             while keeper.wanted:
                 granted = session.granted = anyio.Event()
                 keeper.on_grant = granted.set
-                with anyio.move_on_after(interval):
+                with anyio.move_on_after(budget.check_interval):
                     await granted.wait()
                 if keeper.wanted:
-                    close_stalled(budget)
+                    budget.close_stalled(anyio.current_time())
         except BaseException:
             keeper.cancel()
             raise

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import mmap
 import resource
 
@@ -195,6 +196,32 @@ def test_stall_check_off_and_released_counts_as_progress() -> None:
     c.release(5)  # a message was taken: progress
     assert timed.check_stalls(5.0) == []
     assert timed.check_stalls(6.0) == [c]
+
+
+def test_close_stalled_closes_what_check_stalls_picks_and_says_why() -> None:
+    budget = ReceiveBudget(100, stall_timeout=8)
+    assert budget.check_interval == 1.0  # a quarter of stall_timeout, at most 1 s
+    assert ReceiveBudget(100, stall_timeout=2).check_interval == 0.5
+    assert ReceiveBudget(100, stall_timeout=None).check_interval == math.inf
+    holder, moving, waiter = (budget.account() for _ in range(3))
+    reasons: dict[str, list[str]] = {"holder": [], "moving": []}
+    holder.on_stall = reasons["holder"].append
+    moving.on_stall = reasons["moving"].append
+    steps = iter(range(100))
+    moving.progress = lambda: next(steps)
+    assert holder.reserve(60) and moving.reserve(40)
+    assert not waiter.reserve(50)
+    budget.close_stalled(0.0)
+    budget.close_stalled(7.9)
+    assert reasons == {"holder": [], "moving": []}
+    budget.close_stalled(8.0)
+    assert reasons["moving"] == []
+    (reason,) = reasons["holder"]
+    assert reason == (
+        "held 60 bytes of the receive budget (100 bytes) without progress for 8 s "
+        "while 1 connections waited for it"
+    )
+    assert holder.held == 0 and waiter.held == 50
 
 
 # -- the decoder's reservations ------------------------------------------------
