@@ -359,8 +359,7 @@ class Connection:
     @property
     def decompression_size(self) -> int:
         """The length of the frame status DECOMPRESS waits for (0: none)."""
-        job = self._decoder.inflater.job
-        return 0 if job is None else job[2]
+        return self._decoder.inflater.job_size
 
     def prepare_decompression(self) -> None:
         """Allocate the buffer of the frame status DECOMPRESS waits for (in the

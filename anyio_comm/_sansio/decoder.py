@@ -273,6 +273,34 @@ def _fast_paths(
     return True, largest, min(limits.max_frames, SMALL_COUNT)
 
 
+def _whole_message(
+    buf: bytearray, start: int, avail: int, count: int, limits: Limits
+) -> tuple[list[memoryview], int] | None:
+    """The frames of a message of ``count`` frames (at most the fast path's
+    limit) that lies whole in ``buf`` at ``start`` (``avail`` bytes there), each
+    copied into a buffer of its own, and where the message ends; ``None``
+    (nothing consumed) if it is not all there or breaks a limit, which the
+    general path then reports."""
+    head = 4 + 8 * count
+    if avail < head:
+        return None
+    lengths = LENGTHS[count].unpack_from(buf, start + 4)
+    total = sum(lengths)
+    if (
+        avail - head < total
+        or total > limits.max_message_size
+        or max(lengths) > limits.max_frame_size
+    ):
+        return None
+    position = start + head
+    frames = []
+    for length in lengths:
+        end = position + length
+        frames.append(memoryview(buf[position:end]))
+        position = end
+    return frames, position
+
+
 class FrameDecoder:
     """Turns the incoming byte stream into a preamble, then lists of frames.
 
@@ -625,8 +653,9 @@ class FrameDecoder:
                         self._start = start + length
                         return [memoryview(self._buf[start : start + length])]
                 elif 1 < count <= self._fast_count:
-                    frames = self._whole_message(start, avail, count)
-                    if frames is not None:
+                    whole = _whole_message(self._buf, start, avail, count, self._limits)
+                    if whole is not None:
+                        frames, self._start = whole
                         return frames
             elif not avail and not self._eof:
                 return None  # between messages, nothing buffered: need data
@@ -646,33 +675,6 @@ class FrameDecoder:
         except (RemoteProtocolError, EndOfData) as exc:
             self._stop(exc)
         self._raise_again()  # (outside the handler: see _stop)
-
-    def _whole_message(self, start: int, avail: int, count: int) -> list[memoryview] | None:
-        """The frames of a message of ``count`` frames (at most the limit) that lies
-        whole in the read-ahead buffer at ``start``, each copied into a buffer of its
-        own; ``None`` (nothing consumed) if it is not all there or breaks a limit,
-        which the general path then reports."""
-        head = 4 + 8 * count
-        if avail < head:
-            return None
-        buf = self._buf
-        lengths = LENGTHS[count].unpack_from(buf, start + 4)
-        total = sum(lengths)
-        limits = self._limits
-        if (
-            avail - head < total
-            or total > limits.max_message_size
-            or max(lengths) > limits.max_frame_size
-        ):
-            return None
-        position = start + head
-        frames = []
-        for length in lengths:
-            end = position + length
-            frames.append(memoryview(buf[position:end]))
-            position = end
-        self._start = position
-        return frames
 
     def _next_message(self) -> Frames | None:
         """The general path of :meth:`next_message`: any state, any message shape."""

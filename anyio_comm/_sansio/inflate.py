@@ -180,6 +180,12 @@ class Inflater:
             raise
         return frame
 
+    @property
+    def job_size(self) -> int:
+        """The decompressed length of the frame :attr:`job` is for (0: no job)."""
+        job = self.job
+        return 0 if job is None else job[2]
+
     def prepare(self) -> None:
         """Allocate the buffer of the frame :attr:`job` decompresses, unless
         :meth:`run` may do it in another thread (the default allocator: then it

@@ -354,8 +354,7 @@ def test_a_large_frame_is_decompressed_when_the_io_layer_says() -> None:
         assert decoder.next_message() is None
         assert (
             decoder.state.status is ReceiveStatus.DECOMPRESS
-            and decoder.inflater.job is not None
-            and decoder.inflater.job[2] == len(data)
+            and decoder.inflater.job_size == len(data)
         )
     decoder.inflater.prepare()
     worker = threading.Thread(target=decoder.decompress)
@@ -392,8 +391,8 @@ def test_check_every_leaves_a_small_frame_to_the_io_layer_now_and_then() -> None
     for _ in range(6):
         frames = decoder.next_message()
         if frames is None:
-            assert decoder.inflater.job is not None
-            due.append(decoder.inflater.job[2])
+            assert decoder.inflater.job_size
+            due.append(decoder.inflater.job_size)
             decoder.inflater.prepare()
             decoder.decompress()
             frames = decoder.next_message()
