@@ -78,7 +78,8 @@ class ProcessPair:
     """The two processes of a case: a server on the first CPU, a client on the second.
 
     On leaving the ``with`` block the pipes are closed and both processes
-    stopped, the client first.
+    stopped, the client first (at once with ``terminate``, else after a few
+    seconds if they have not exited by themselves).
     """
 
     def __init__(
@@ -87,7 +88,10 @@ class ProcessPair:
         name: str,
         cpus: tuple[int | None, int | None],
         roles: tuple[str, str] = ("server", "client"),
+        *,
+        terminate: bool = False,
     ) -> None:
+        self._terminate = terminate
         self._ctx = ctx
         self._names = (f"{name}-{roles[0]}", f"{name}-{roles[1]}")
         self._cpus = cpus
@@ -115,7 +119,7 @@ class ProcessPair:
         for child in self._children:
             child.conn.close()
         for child in reversed(self._children):
-            child.stop()
+            child.stop(terminate=self._terminate)
 
 
 async def serve_one(

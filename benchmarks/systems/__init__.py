@@ -138,6 +138,15 @@ SYSTEMS: dict[str, System] = {
             "BufferedByteReceiveStream.receive_exactly",
         ),
         System(
+            "anyio-echo",
+            ASYNC_BACKENDS,
+            ASYNC_BACKENDS,
+            tuple((backend, "streams_echo") for backend in ASYNC_BACKENDS),
+            description="plain AnyIO TCP streams written the plainest way: an 8-byte length "
+            "prefix, stream.receive() accumulated into a bytearray, one stream.send() per "
+            "message",
+        ),
+        System(
             "dask",
             ("asyncio",),
             ("asyncio",),

@@ -1,0 +1,437 @@
+"""The systems of :mod:`benchmarks.oneway`: one sender streams, one receiver counts.
+
+Every message is ``size`` bytes whose first 8 are a little-endian tag: the
+sender's connection index in the top 16 bits, its sequence number on that
+connection below. The receiver checks every message's tag against the next one
+it expects on that connection (a message lost, repeated or out of order is an
+error) and counts it in :class:`Tally`. Each system is a pair of functions:
+
+* ``receive(case, tally, ready)``: listen on 127.0.0.1 (a free port), call
+  ``ready(address)``, then receive and count on every connection until the
+  process ends; it owns the event loop (or threads) of the receiving process;
+* ``send(case, address, deadline)``: open ``case.connections`` connections and
+  send on each, as fast as the system lets it, until ``deadline``
+  (``time.monotonic``), ``MAX_MESSAGES`` messages, or the receiver goes away
+  (the runner stops the sending process once the receiver has its figures).
+
+Systems (``SYSTEMS``): anyio-comm's per-message API (``send`` / ``async for``)
+and its frames API (``send_frames`` / ``receive_frames``) on asyncio, uvloop and
+trio; the raw asyncio floor (``asyncio.Protocol``: a ``transport.write`` per
+message and a drain every 64, a ``BufferedProtocol`` cutting messages out of its
+buffer); plain AnyIO streams written the plainest way (an 8-byte length prefix,
+``stream.send()`` per message, ``stream.receive()`` accumulated into a
+``bytearray``); pyzmq PUSH/PULL with blocking sockets (a thread per connection)
+and with ``zmq.asyncio``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import struct
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Final
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+#: the most messages one sending connection sends in one case
+MAX_MESSAGES: Final = 50_000_000
+#: the floor's sender waits for the transport to drain after this many writes
+DRAIN_EVERY: Final = 64
+_TAG = struct.Struct("<Q")
+_LENGTH = struct.Struct("<Q")
+_INDEX_SHIFT = 48
+#: what ends a sender: the receiver went away
+_GONE = (OSError, EOFError, ConnectionError)
+
+
+class Tally:
+    """The messages received, and the first error seen (a lost or reordered one)."""
+
+    __slots__ = ("error", "n")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.error: str | None = None
+
+    def wrong(self, expected: int, tag: int) -> None:
+        if self.error is None:
+            self.error = (
+                f"connection {tag >> _INDEX_SHIFT}: expected message "
+                f"{expected & ((1 << _INDEX_SHIFT) - 1)}, got {tag & ((1 << _INDEX_SHIFT) - 1)}"
+            )
+
+
+def payloads(index: int, size: int) -> Callable[[int], bytes]:
+    """The function giving connection ``index``'s message number ``seq``."""
+    base = index << _INDEX_SHIFT
+    filler = bytes(range(256)) * (size // 256 + 1)
+    filler = filler[: size - 8]
+    pack = _TAG.pack
+
+    def payload(seq: int) -> bytes:
+        return pack(base + seq) + filler
+
+    return payload
+
+
+# -- anyio-comm ------------------------------------------------------------------
+
+
+async def _comm_receive(case: Any, tally: Tally, ready: Callable[[str], object]) -> None:
+    import anyio
+
+    import anyio_comm
+
+    frames_api = case.system == "anyio-comm-frames"
+
+    async def handle(comm: anyio_comm.Comm) -> None:
+        expected = -1
+        unpack = _TAG.unpack_from
+        with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
+            if frames_api:
+                while True:
+                    (frame,) = await comm.receive_frames()
+                    (tag,) = unpack(frame)
+                    if expected < 0:
+                        expected = tag
+                    elif tag != expected:
+                        tally.wrong(expected, tag)
+                    expected += 1
+                    tally.n += 1
+            else:
+                async for message in comm:
+                    (tag,) = unpack(message)
+                    if expected < 0:
+                        expected = tag
+                    elif tag != expected:
+                        tally.wrong(expected, tag)
+                    expected += 1
+                    tally.n += 1
+
+    async with anyio_comm.listen("tcp://127.0.0.1:0", handle) as listener:
+        ready(listener.address)
+        await anyio.sleep_forever()
+
+
+async def _comm_send(case: Any, address: str, deadline: float) -> None:
+    import anyio
+
+    import anyio_comm
+
+    frames_api = case.system == "anyio-comm-frames"
+
+    async def one(index: int) -> None:
+        payload = payloads(index, case.size)
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, *_GONE):
+            async with await anyio_comm.connect(address, timeout=30) as comm:
+                seq = 0
+                while seq < MAX_MESSAGES:
+                    if frames_api:
+                        await comm.send_frames([payload(seq)])
+                    else:
+                        await comm.send(payload(seq))
+                    seq += 1
+                    if not seq & 1023 and time.monotonic() > deadline:
+                        return
+
+    async with anyio.create_task_group() as tg:
+        for index in range(case.connections):
+            tg.start_soon(one, index)
+
+
+# -- plain AnyIO streams ---------------------------------------------------------
+
+
+async def _streams_receive(_case: Any, tally: Tally, ready: Callable[[str], object]) -> None:
+    import anyio
+    from anyio.abc import SocketAttribute
+
+    async def handle(stream: Any) -> None:
+        buffer = bytearray()
+        expected = -1
+        unpack = _TAG.unpack_from
+        async with stream:
+            with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError, OSError):
+                while True:
+                    buffer += await stream.receive()
+                    start = 0
+                    size = len(buffer)
+                    while size - start >= 8:
+                        (length,) = unpack(buffer, start)
+                        end = start + 8 + length
+                        if end > size:
+                            break
+                        message = bytes(buffer[start + 8 : end])
+                        start = end
+                        (tag,) = unpack(message)
+                        if expected < 0:
+                            expected = tag
+                        elif tag != expected:
+                            tally.wrong(expected, tag)
+                        expected += 1
+                        tally.n += 1
+                    del buffer[:start]
+
+    async with await anyio.create_tcp_listener(local_host="127.0.0.1") as listener:
+        ready(f"tcp://127.0.0.1:{listener.extra(SocketAttribute.local_port)}")
+        await listener.serve(handle)
+
+
+async def _streams_send(case: Any, address: str, deadline: float) -> None:
+    import anyio
+
+    host, _, port = address.removeprefix("tcp://").rpartition(":")
+
+    async def one(index: int) -> None:
+        payload = payloads(index, case.size)
+        prefix = _LENGTH.pack(case.size)
+        with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, *_GONE):
+            async with await anyio.connect_tcp(host, int(port)) as stream:
+                seq = 0
+                while seq < MAX_MESSAGES:
+                    await stream.send(prefix + payload(seq))
+                    seq += 1
+                    if not seq & 1023 and time.monotonic() > deadline:
+                        return
+
+    async with anyio.create_task_group() as tg:
+        for index in range(case.connections):
+            tg.start_soon(one, index)
+
+
+# -- the raw asyncio floor -------------------------------------------------------
+
+
+class _FloorReceiver(asyncio.BufferedProtocol):
+    """Cuts length-prefixed messages out of its 64 KiB buffer, in the loop's callback."""
+
+    def __init__(self, tally: Tally) -> None:
+        self._tally = tally
+        self._buffer = bytearray(65536)
+        self._view = memoryview(self._buffer)
+        self._start = 0
+        self._end = 0
+        self._expected = -1
+
+    def get_buffer(self, _sizehint: int) -> memoryview:
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._end > 65536 - 4096:
+            pending = self._end - self._start
+            self._buffer[:pending] = self._view[self._start : self._end]
+            self._start, self._end = 0, pending
+        return self._view[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._end += nbytes
+        buffer, start, end = self._buffer, self._start, self._end
+        unpack = _TAG.unpack_from
+        tally = self._tally
+        expected = self._expected
+        while end - start >= 8:
+            (length,) = unpack(buffer, start)
+            stop = start + 8 + length
+            if stop > end:
+                break
+            message = bytes(self._view[start + 8 : stop])
+            start = stop
+            (tag,) = unpack(message)
+            if expected < 0:
+                expected = tag
+            elif tag != expected:
+                tally.wrong(expected, tag)
+            expected += 1
+            tally.n += 1
+        self._start = start
+        self._expected = expected
+
+
+class _FloorSender(asyncio.Protocol):
+    def __init__(self) -> None:
+        self.resumed: asyncio.Future[None] | None = None
+        self.lost = False
+        self.transport: asyncio.Transport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def pause_writing(self) -> None:
+        self.resumed = asyncio.get_running_loop().create_future()
+
+    def resume_writing(self) -> None:
+        if self.resumed is not None and not self.resumed.done():
+            self.resumed.set_result(None)
+        self.resumed = None
+
+    def connection_lost(self, _exc: Exception | None) -> None:
+        self.lost = True
+        self.resume_writing()
+
+
+async def _floor_receive(_case: Any, tally: Tally, ready: Callable[[str], object]) -> None:
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: _FloorReceiver(tally), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    ready(f"tcp://127.0.0.1:{port}")
+    async with server:
+        await server.serve_forever()
+
+
+async def _floor_send(case: Any, address: str, deadline: float) -> None:
+    host, _, port = address.removeprefix("tcp://").rpartition(":")
+    loop = asyncio.get_running_loop()
+
+    async def one(index: int) -> None:
+        payload = payloads(index, case.size)
+        prefix = _LENGTH.pack(case.size)
+        transport, protocol = await loop.create_connection(_FloorSender, host, int(port))
+        try:
+            seq = 0
+            while seq < MAX_MESSAGES and not protocol.lost:
+                transport.write(prefix + payload(seq))
+                seq += 1
+                if not seq % DRAIN_EVERY:
+                    resumed = protocol.resumed
+                    if resumed is not None:
+                        await resumed
+                    else:
+                        await asyncio.sleep(0)
+                    if not seq & 1023 and time.monotonic() > deadline:
+                        return
+        finally:
+            transport.abort()
+
+    await asyncio.gather(*(one(index) for index in range(case.connections)))
+
+
+# -- pyzmq -----------------------------------------------------------------------
+
+
+def _zmq_receive_blocking(_case: Any, tally: Tally, ready: Callable[[str], object]) -> None:
+    import zmq
+
+    context = zmq.Context()
+    sock = context.socket(zmq.PULL)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    ready(f"tcp://127.0.0.1:{port}")
+    expected: dict[int, int] = {}
+    unpack = _TAG.unpack_from
+    while True:
+        message = sock.recv()
+        (tag,) = unpack(message)
+        index = tag >> _INDEX_SHIFT
+        want = expected.get(index, tag)
+        if tag != want:
+            tally.wrong(want, tag)
+        expected[index] = tag + 1
+        tally.n += 1
+
+
+def _zmq_send_blocking(case: Any, address: str, deadline: float) -> None:
+    import zmq
+
+    context = zmq.Context()
+
+    def one(index: int) -> None:
+        payload = payloads(index, case.size)
+        sock = context.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(address)
+        with contextlib.suppress(zmq.ZMQError):
+            for seq in range(MAX_MESSAGES):
+                sock.send(payload(seq), copy=False)
+                if not seq & 1023 and time.monotonic() > deadline:
+                    break
+        sock.close()
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(case.connections)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    context.term()
+
+
+async def _zmq_receive_asyncio(_case: Any, tally: Tally, ready: Callable[[str], object]) -> None:
+    import zmq
+    import zmq.asyncio
+
+    context = zmq.asyncio.Context()
+    sock = context.socket(zmq.PULL)
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    ready(f"tcp://127.0.0.1:{port}")
+    expected: dict[int, int] = {}
+    unpack = _TAG.unpack_from
+    while True:
+        message = await sock.recv()
+        (tag,) = unpack(message)
+        index = tag >> _INDEX_SHIFT
+        want = expected.get(index, tag)
+        if tag != want:
+            tally.wrong(want, tag)
+        expected[index] = tag + 1
+        tally.n += 1
+
+
+async def _zmq_send_asyncio(case: Any, address: str, deadline: float) -> None:
+    import zmq
+    import zmq.asyncio
+
+    context = zmq.asyncio.Context()
+
+    async def one(index: int) -> None:
+        payload = payloads(index, case.size)
+        sock = context.socket(zmq.PUSH)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(address)
+        try:
+            for seq in range(MAX_MESSAGES):
+                await sock.send(payload(seq), copy=False)
+                if not seq & 1023 and time.monotonic() > deadline:
+                    return
+        finally:
+            sock.close()
+
+    await asyncio.gather(*(one(index) for index in range(case.connections)))
+    context.term()
+
+
+@dataclass(frozen=True)
+class System:
+    """A system of the one-way benchmark: its functions and the backends it runs on."""
+
+    name: str
+    backends: tuple[str, ...]
+    receive: Callable[..., Any]
+    send: Callable[..., Any]
+    requires: tuple[str, ...] = ()
+    #: the functions are plain (threads), not coroutine functions
+    blocking: bool = False
+
+
+_ASYNC = ("asyncio", "uvloop", "trio")
+
+SYSTEMS: dict[str, System] = {
+    s.name: s
+    for s in (
+        System("anyio-comm", _ASYNC, _comm_receive, _comm_send),
+        System("anyio-comm-frames", _ASYNC, _comm_receive, _comm_send),
+        System("floor", ("asyncio", "uvloop"), _floor_receive, _floor_send),
+        System("anyio-streams", _ASYNC, _streams_receive, _streams_send),
+        System(
+            "zmq-blocking",
+            ("threads",),
+            _zmq_receive_blocking,
+            _zmq_send_blocking,
+            requires=("zmq",),
+            blocking=True,
+        ),
+        System(
+            "zmq-asyncio", ("asyncio",), _zmq_receive_asyncio, _zmq_send_asyncio, requires=("zmq",)
+        ),
+    )
+}

@@ -1,0 +1,67 @@
+"""``python -m benchmarks.oneway``: a short run in subprocesses, every system counted
+with its messages checked, and the checks themselves (never how fast anything is)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from benchmarks.oneway_systems import SYSTEMS, Tally, payloads
+
+ROOT = Path(__file__).parents[1]
+TIMEOUT = 240  # seconds for the whole command
+
+
+def test_a_short_run_counts_every_system(tmp_path: Path) -> None:
+    out = tmp_path / "oneway.json"
+    systems = [
+        name
+        for name, system in SYSTEMS.items()
+        if all(importlib.util.find_spec(p) is not None for p in system.requires)
+    ]
+    command = [sys.executable, "-m", "benchmarks.oneway", "--sizes", "100", "--connections", "2"]
+    command += ["--systems", ",".join(systems), "--backends", "asyncio,trio"]
+    command += ["--seconds", "0.2", "--warmup", "0", "--repeat", "1", "--json", str(out)]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "anyio-comm against the references" in done.stdout
+    results = json.loads(out.read_text())["results"]
+    backends = {"asyncio", "threads"} | ({"trio"} if importlib.util.find_spec("trio") else set())
+    expected = {
+        (name, backend)
+        for name in systems
+        for backend in SYSTEMS[name].backends
+        if backend in backends
+    }
+    assert {(r["system"], r["backend"]) for r in results} == expected
+    for r in results:
+        assert "error" not in r, r
+        assert r["size"] == 100 and r["connections"] == 2
+        assert r["messages"] > 0
+        assert r["mps"] == pytest.approx(r["messages"] / r["window_s"])
+        assert r["receiver_cpu_us_per_message"] > 0
+
+
+def test_a_lost_or_reordered_message_is_an_error() -> None:
+    """The tags the receivers check: a connection's index on top of its sequence."""
+    first, second = payloads(0, 100), payloads(3, 100)
+    assert len(first(0)) == len(second(7)) == 100
+    assert first(1) != first(2) and first(5) != second(5)
+    tally = Tally()
+    tag = int.from_bytes(second(7)[:8], "little")
+    tally.wrong(tag, tag + 2)
+    assert tally.error == "connection 3: expected message 7, got 9"
+    tally.wrong(0, 1)  # the first error is kept
+    assert tally.error == "connection 3: expected message 7, got 9"
+
+
+def test_bad_options_are_refused() -> None:
+    command = [sys.executable, "-m", "benchmarks.oneway", "--sizes", "4"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "at least 8 bytes" in done.stderr
