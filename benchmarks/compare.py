@@ -20,6 +20,8 @@ of each case. Systems (``benchmarks/systems/``, one module each):
 * ``anyio-comm-pull`` and ``anyio-comm-nopool`` (diagnostic): anyio-comm with
   its pull receive engine, and with fresh memory per frame instead of its pool;
 * ``anyio-streams``: plain AnyIO TCP streams (``TLSStream`` over TLS);
+* ``anyio-echo``: plain AnyIO streams written the plainest way (an 8-byte length
+  prefix, ``stream.receive()`` accumulated into a ``bytearray``);
 * ``dask``: ``distributed.comm`` over ``tcp://`` / ``tls://`` on asyncio;
 * ``zmq``: pyzmq DEALER/ROUTER with ``zmq.asyncio`` (plain TCP only).
 
