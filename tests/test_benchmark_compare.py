@@ -111,3 +111,30 @@ def test_the_floors_reusing_buffers_echo_on_every_backend(tmp_path: Path) -> Non
     assert {r["backend"]: r["round_trips"] > 0 for r in results} == dict.fromkeys(
         ["asyncio", *installed], True
     )
+
+
+def test_the_plain_anyio_echo_echoes_on_every_backend(tmp_path: Path) -> None:
+    # The plainest hand-written AnyIO echo, small and large messages, over TCP and
+    # TLS: its replies are checked by the system itself (a failing check fails the case).
+    out = tmp_path / "anyio-echo.json"
+    args = "--sizes 1e3,2e5 --frames 1,3 --concurrency 2 --tls both --tls-sizes 1e3"
+    args += " --tls-frames 1 --no-many --systems anyio-echo --repeat 1 --seconds 0.2"
+    args += " --warmup 0.1 --json"
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.compare", *args.split(), str(out)],
+        cwd=Path(__file__).parents[1],
+        check=True,
+        capture_output=True,
+        timeout=180,
+    )
+    results = json.loads(out.read_text())["results"]
+    installed = [b for b in ("uvloop", "trio") if importlib.util.find_spec(b) is not None]
+    assert all("error" not in r and r["round_trips"] > 0 for r in results), results
+    plain = {(r["backend"], r["size"], r["frames"]) for r in results if r["tls"] is None}
+    assert plain == {
+        (b, size, frames)
+        for b in ["asyncio", *installed]
+        for size in (1000, 200_000)
+        for frames in (1, 3)
+    }
+    assert {r["backend"] for r in results if r["tls"] is not None} == {"asyncio", *installed}
