@@ -14,9 +14,10 @@ error) and counts it in :class:`Tally`. Each system is a pair of functions:
   (``time.monotonic``), ``MAX_MESSAGES`` messages, or the receiver goes away
   (the runner stops the sending process once the receiver has its figures).
 
-Systems (``SYSTEMS``): anyio-comm's per-message API (``send`` / ``async for``)
-and its frames API (``send_frames`` / ``receive_frames``) on asyncio, uvloop and
-trio; the raw asyncio floor (``asyncio.Protocol``: a ``transport.write`` per
+Systems (``SYSTEMS``): anyio-comm's per-message API (``send`` / ``async for``),
+its frames API (``send_frames`` / ``receive_frames``) and its batch API
+(``send_batch`` of :data:`BATCH` messages / ``receive_batch``) on asyncio, uvloop
+and trio; the raw asyncio floor (``asyncio.Protocol``: a ``transport.write`` per
 message and a drain every 64, a ``BufferedProtocol`` cutting messages out of its
 buffer); plain AnyIO streams written the plainest way (an 8-byte length prefix,
 ``stream.send()`` per message, ``stream.receive()`` accumulated into a
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 MAX_MESSAGES: Final = 50_000_000
 #: the floor's sender waits for the transport to drain after this many writes
 DRAIN_EVERY: Final = 64
+#: messages per send_batch, and the most per receive_batch (anyio-comm-batch)
+BATCH: Final = 64
 _TAG = struct.Struct("<Q")
 _LENGTH = struct.Struct("<Q")
 _INDEX_SHIFT = 48
@@ -87,12 +90,23 @@ async def _comm_receive(case: Any, tally: Tally, ready: Callable[[str], object])
     import anyio_comm
 
     frames_api = case.system == "anyio-comm-frames"
+    batch_api = case.system == "anyio-comm-batch"
 
     async def handle(comm: anyio_comm.Comm) -> None:
         expected = -1
         unpack = _TAG.unpack_from
         with contextlib.suppress(anyio.EndOfStream, anyio.BrokenResourceError):
-            if frames_api:
+            if batch_api:
+                while True:
+                    for message in await comm.receive_batch(BATCH):
+                        (tag,) = unpack(message)
+                        if expected < 0:
+                            expected = tag
+                        elif tag != expected:
+                            tally.wrong(expected, tag)
+                        expected += 1
+                        tally.n += 1
+            elif frames_api:
                 while True:
                     (frame,) = await comm.receive_frames()
                     (tag,) = unpack(frame)
@@ -123,6 +137,7 @@ async def _comm_send(case: Any, address: str, deadline: float) -> None:
     import anyio_comm
 
     frames_api = case.system == "anyio-comm-frames"
+    batch_api = case.system == "anyio-comm-batch"
 
     async def one(index: int) -> None:
         payload = payloads(index, case.size)
@@ -130,6 +145,12 @@ async def _comm_send(case: Any, address: str, deadline: float) -> None:
             async with await anyio_comm.connect(address, timeout=30) as comm:
                 seq = 0
                 while seq < MAX_MESSAGES:
+                    if batch_api:
+                        await comm.send_batch([payload(seq + i) for i in range(BATCH)])
+                        seq += BATCH
+                        if not seq & 1023 and time.monotonic() > deadline:
+                            return
+                        continue
                     if frames_api:
                         await comm.send_frames([payload(seq)])
                     else:
@@ -420,6 +441,7 @@ SYSTEMS: dict[str, System] = {
     for s in (
         System("anyio-comm", _ASYNC, _comm_receive, _comm_send),
         System("anyio-comm-frames", _ASYNC, _comm_receive, _comm_send),
+        System("anyio-comm-batch", _ASYNC, _comm_receive, _comm_send),
         System("floor", ("asyncio", "uvloop"), _floor_receive, _floor_send),
         System("anyio-streams", _ASYNC, _streams_receive, _streams_send),
         System(
