@@ -23,7 +23,10 @@ whole message at a time. Two engines do that:
   task only when a whole message is there. A small queue of decoded messages
   absorbs bursts; when it is full the callback stops reading (the kernel's
   buffers fill and the peer's sends block: backpressure), and the receive
-  that makes room reads again. The queue holds at most
+  that takes it down to a quarter (:data:`RESUME_MESSAGES`,
+  :data:`RESUME_BYTES`) reads again: under a flood of small messages the
+  callback stops and starts once per 48 messages, not once per message (an
+  ``epoll_ctl`` each way). The queue holds at most
   :data:`MAX_QUEUED_MESSAGES` messages and :data:`MAX_QUEUED_BYTES` bytes (or
   one larger message). Stopping is lazy: the callback's registration is
   dropped only if the socket becomes readable while the queue is full, so a
@@ -120,6 +123,8 @@ if TYPE_CHECKING:
 __all__ = [
     "MAX_QUEUED_BYTES",
     "MAX_QUEUED_MESSAGES",
+    "RESUME_BYTES",
+    "RESUME_MESSAGES",
     "PullReceiver",
     "PushMode",
     "PushReceiver",
@@ -133,6 +138,10 @@ MAX_QUEUED_MESSAGES: Final = 64
 #: (a larger message waits alone, and the next is not started: a stalled consumer
 #: costs what it does with the pull engine, the message it holds and one more)
 MAX_QUEUED_BYTES: Final = 64 * 1024
+#: a full queue is read into again once it holds no more than this many messages ...
+RESUME_MESSAGES: Final = MAX_QUEUED_MESSAGES // 4
+#: ... and bytes
+RESUME_BYTES: Final = MAX_QUEUED_BYTES // 4
 #: compressed frames of at least this many bytes (decompressed) are decompressed in a
 #: worker thread (smaller ones, a millisecond of work at most, by whoever decodes)
 OFFLOAD_MIN: Final = 1024 * 1024
@@ -417,8 +426,8 @@ class PushMode(enum.Enum):
                             queue full
             ┌──────────▶ LOOP_READS ────────────────▶ QUEUE_FULL
             │               │  ▲                          │
-            │ its message   │  └── a receive makes room ──┘
-            │ is complete   │
+            │ its message   │  └─ receives take it down ──┘
+            │ is complete   │     to a quarter
             │               ▼ the next message is the task's to read
             └──────────── TASK_READS ◀──────────────────────────┐
                             │  ▲                                │ a callback, or a
@@ -435,13 +444,15 @@ class PushMode(enum.Enum):
     leave the next message to the task again (a short last read carries over:
     ``TASK_YIELD_DUE``). Whether the transport's readiness callback is
     registered is kept apart (``_registered``): a callback that finds nothing
-    to do drops it, and a wait or a receive that makes room registers again.
+    to do drops it, and a wait or the receive that resumes reading registers
+    again.
     """
 
     #: the readiness callback reads and decodes; the queue has room
     LOOP_READS = "loop reads"
     #: the queue is full: a callback drops the registration (the bytes wait in
-    #: the kernel), and the receive that makes room reads again
+    #: the kernel), and the receive that takes the queue down to a quarter
+    #: (RESUME_MESSAGES, RESUME_BYTES) reads again
     QUEUE_FULL = "queue full"
     #: the next message is the task's to read (see the module): a callback wakes
     #: it, or with no task waiting (its receive was cancelled, say) drops the
@@ -785,10 +796,10 @@ class PushReceiver(Receiver):
                 self._conn.message_taken(cost)
             if (
                 self.mode is QUEUE_FULL
-                and self._queued_bytes < MAX_QUEUED_BYTES
-                and len(queue) < MAX_QUEUED_MESSAGES
+                and self._queued_bytes <= RESUME_BYTES
+                and len(queue) <= RESUME_MESSAGES
             ):
-                # The queue was full and is not any more: read again, starting
+                # The queue was full and is down to a quarter: read again, starting
                 # with what the connection already holds (the socket may stay quiet).
                 self.mode = LOOP_READS
                 self._register()
