@@ -36,6 +36,8 @@ __all__ = ["DEFAULT_STREAM_WINDOW", "Client", "Stream", "open_client"]
 
 #: items of a stream the server may send before the client takes them, by default
 DEFAULT_STREAM_WINDOW = 16
+#: the most replies the reader takes from its comm in one call
+READ_BATCH = 64
 
 
 class _Pending:
@@ -320,38 +322,40 @@ class Client:
             self._end(ended)
 
     async def _read(self) -> BaseException:
+        """Deliver the replies, those that arrived together in one pass (a batch)."""
         comm = self._comm
         calls = self._calls
         while True:
             try:
-                message = await comm.receive()
+                batch = await comm.receive_batch(READ_BATCH)
             except Exception as exc:
                 return exc
-            try:
-                reply = decode(message)
-            except ProtocolViolation as exc:
-                await _refuse(comm, exc)
-                return exc
-            if type(reply) is Result or type(reply) is ErrorReply:
-                pending = calls.pop(reply.id, None)
-                if pending is not None:  # else: cancelled, or a stray reply
-                    pending.finish(reply)
-            elif type(reply) is Item:
-                stream = calls.get(reply.id)
-                if type(stream) is _StreamPending:
-                    try:
-                        stream.add(reply.value)
-                    except ProtocolViolation as exc:
-                        await _refuse(comm, exc)
-                        return exc
-                elif stream is not None:
-                    error = ProtocolViolation("a server sent stream items for a call")
+            for message in batch:
+                try:
+                    reply = decode(message)
+                except ProtocolViolation as exc:
+                    await _refuse(comm, exc)
+                    return exc
+                if type(reply) is Result or type(reply) is ErrorReply:
+                    pending = calls.pop(reply.id, None)
+                    if pending is not None:  # else: cancelled, or a stray reply
+                        pending.finish(reply)
+                elif type(reply) is Item:
+                    stream = calls.get(reply.id)
+                    if type(stream) is _StreamPending:
+                        try:
+                            stream.add(reply.value)
+                        except ProtocolViolation as exc:
+                            await _refuse(comm, exc)
+                            return exc
+                    elif stream is not None:
+                        error = ProtocolViolation("a server sent stream items for a call")
+                        await _refuse(comm, error)
+                        return error
+                else:
+                    error = ProtocolViolation(f"a server sent a {type(reply).__name__} message")
                     await _refuse(comm, error)
                     return error
-            else:
-                error = ProtocolViolation(f"a server sent a {type(reply).__name__} message")
-                await _refuse(comm, error)
-                return error
 
     def _end(self, error: BaseException) -> None:
         if self._closed:
