@@ -489,7 +489,7 @@ class Comm(ObjectStream[Any]):
         """Append to ``batch`` the messages that arrived (decoded with ``loads``,
         unless None), until ``max_messages`` or one is not there. What stops it
         otherwise (an error, a message that cannot be decoded) waits in
-        ``_pending`` for the next receive."""
+        ``_pending`` for the next receive, which raises it."""
         if self._state is not _OPEN:
             return
         receiver = self._receiver
@@ -506,8 +506,10 @@ class Comm(ObjectStream[Any]):
                 continue
             try:
                 batch.append(loads(frames))
-            except RemoteProtocolError:
-                self._pending = frames  # the next receive() refuses it
+            except RemoteProtocolError as exc:
+                # the next receive refuses it (as receive() does: see _refuse)
+                exc.rule = "message-layer"
+                self._pending = _Deferred(exc.with_traceback(None))
                 return
 
     async def receive_frames(self) -> Sequence[memoryview]:
@@ -727,14 +729,36 @@ class Comm(ObjectStream[Any]):
 
     async def _send_batch(self, messages: list[list[memoryview]]) -> None:
         if not messages:
-            if self._state is not _OPEN:
-                self._check_state()
-            await self._check_cancelled()  # (a cancellation point all the same)
+            await self._send_nothing()
             return
         refused = await self._send_messages(messages, partial=False)
         if refused:
             index, error = refused[0]
             raise LocalProtocolError(f"message {index} of the batch: {error}") from error
+
+    async def _send_nothing(self) -> None:
+        """An empty batch: the checks and the scheduling of a send, and no write
+        (a producer looping on empty batches still lets other tasks run)."""
+        if self._state is not _OPEN:
+            self._check_state()
+        guard = self._send_guard
+        if guard.held:
+            guard.raise_busy()
+        if self._conn.our_state is not _CONN_OPEN:
+            raise ClosedResourceError  # after send_eof()
+        guard.held = True
+        try:
+            if self._yield_due:
+                if self._trio is None:
+                    await asyncio.sleep(0)
+                else:
+                    await self._trio.checkpoint()
+                self._yield_due = False
+            else:
+                await self._check_cancelled()
+                self._yield_due = True
+        finally:
+            guard.held = False
 
     async def _send_messages(
         self, messages: Sequence[list[memoryview]], *, partial: bool = True

@@ -7,10 +7,19 @@ from __future__ import annotations
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 import pytest
 from anyio import BrokenResourceError, ClosedResourceError, EndOfStream
 
-from anyio_comm import Limits, LocalProtocolError, RemoteProtocolError, SerializationError
+from anyio_comm import (
+    CloseCode,
+    CloseReason,
+    Limits,
+    LocalProtocolError,
+    PeerClosedOK,
+    RemoteProtocolError,
+    SerializationError,
+)
 
 from .helpers import TRANSPORTS, connected_pair
 
@@ -110,6 +119,47 @@ async def test_a_cancelled_receive_batch_takes_nothing(kind: str) -> None:
             assert [m for b in await receive_all(server, 5) for m in b] == list(range(5))
 
 
+class FailsOnce:
+    """A receive engine whose receive_nowait() raises once, right after it returned a
+    message (a failure that is not sticky); the rest is the real engine's."""
+
+    def __init__(self, real: Any) -> None:
+        self._real = real
+        self._state = "before"
+
+    def receive_nowait(self) -> Any:
+        if self._state == "returned":
+            self._state = "failed"
+            raise BrokenResourceError("one-shot")
+        frames = self._real.receive_nowait()
+        if frames is not None and self._state == "before":
+            self._state = "returned"
+        return frames
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+async def test_an_error_behind_a_batch_is_raised_once_by_the_next_call(
+    kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure that the receive engine reports once (not a sticky end) is kept for
+    the next call, which raises it (and the comm is broken from then on)."""
+    async with connected_pair(kind) as (client, server):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.send_batch, ["first", "second", "third"])
+            with anyio.fail_after(10):
+                assert await server.receive() == "first"
+            monkeypatch.setattr(server, "_receiver", FailsOnce(server._receiver))  # type: ignore[attr-defined]
+            await anyio.sleep(ARRIVE)
+            with anyio.fail_after(10):
+                assert await server.receive_batch() == ["second"]
+                with pytest.raises(BrokenResourceError, match="one-shot"):
+                    await server.receive_batch()
+                with pytest.raises(BrokenResourceError):
+                    await server.receive_batch()
+
+
 async def test_the_end_behind_a_batch_is_raised_by_the_next_call(kind: str) -> None:
     async with connected_pair(kind) as (client, server):
 
@@ -121,8 +171,23 @@ async def test_the_end_behind_a_batch_is_raised_by_the_next_call(kind: str) -> N
             tg.start_soon(send_and_close)
             await anyio.sleep(ARRIVE)
             assert [m for b in await receive_all(server, 3) for m in b] == [1, 2, 3]
-        with anyio.fail_after(10), pytest.raises((EndOfStream, BrokenResourceError)):
+        with anyio.fail_after(10), pytest.raises(EndOfStream):
             await server.receive_batch()
+    # closed with a reason: said after the messages, by the next call
+    async with connected_pair(kind) as (client, server):
+
+        async def send_and_say_why() -> None:
+            await client.send_batch([1, 2])
+            await client.aclose(CloseReason(CloseCode.GOING_AWAY, "", "done for today"))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send_and_say_why)
+            await anyio.sleep(ARRIVE)
+            assert [m for b in await receive_all(server, 2) for m in b] == [1, 2]
+        with anyio.fail_after(10), pytest.raises(PeerClosedOK):
+            await server.receive_batch()
+        assert server.peer_close_reason is not None
+        assert server.peer_close_reason.text == "done for today"
 
 
 async def test_a_bad_message_behind_a_batch_is_refused_by_the_next_call(kind: str) -> None:
@@ -135,9 +200,13 @@ async def test_a_bad_message_behind_a_batch_is_refused_by_the_next_call(kind: st
             with anyio.fail_after(10):
                 assert await server.receive_batch() == ["ok"]
             with pytest.raises(RemoteProtocolError):
-                await server.receive_batch()
+                if kind in BUFFERED:  # (it arrived with the batch: refused whoever asks)
+                    await server.receive_frames_batch()
+                else:
+                    await server.receive_batch()
             with pytest.raises(BrokenResourceError):
                 await server.receive_batch()
+        assert server.closed
 
 
 async def test_batch_arguments_and_a_closed_comm(kind: str) -> None:
@@ -154,3 +223,49 @@ async def test_batch_arguments_and_a_closed_comm(kind: str) -> None:
             await client.send_batch(["x"])
         with pytest.raises(ClosedResourceError):
             await client.receive_batch()
+
+
+async def test_an_empty_batch_sends_nothing_and_is_a_send_all_the_same(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        ticks = 0
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while True:
+                ticks += 1
+                await anyio.lowlevel.checkpoint()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(ticker)
+            await anyio.lowlevel.checkpoint()
+            before = ticks
+            for _ in range(20):
+                await client.send_batch([])  # lets other tasks run, as sends do
+            assert ticks > before
+            tg.cancel_scope.cancel()
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            with pytest.raises(anyio.get_cancelled_exc_class()):
+                await client.send_batch([])  # a cancellation point
+        await client.send("after")
+        with anyio.fail_after(10):
+            assert await server.receive_batch() == ["after"]  # nothing before it
+        sent = anyio.Event()
+
+        async def send_large() -> None:
+            await client.send(b"x" * 50_000_000)
+            sent.set()
+
+        async with anyio.create_task_group() as tg:
+            # another task's send in progress (it does not fit the peer's buffers,
+            # unless the event loop's transport takes any write: asyncio's own)
+            tg.start_soon(send_large)
+            await anyio.wait_all_tasks_blocked()
+            if not sent.is_set():
+                with pytest.raises(anyio.BusyResourceError):
+                    await client.send_batch([])
+            tg.cancel_scope.cancel()
+    async with connected_pair(kind) as (client, server):
+        await client.send_eof()
+        with pytest.raises(ClosedResourceError):
+            await client.send_batch([])
