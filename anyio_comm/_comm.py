@@ -451,7 +451,7 @@ class Comm(ObjectStream[Any]):
         first message of a batch ends the batch; the next call raises it.
 
         Returns:
-            The messages, in order: at least one, at most ``max_messages``.
+            The messages in order, at least one and at most ``max_messages``.
 
         Raises:
             ValueError: ``max_messages`` is less than 1.
@@ -469,8 +469,8 @@ class Comm(ObjectStream[Any]):
         as :meth:`receive_batch` does for messages.
 
         Returns:
-            The messages' frames (each as :meth:`receive_frames` returns them),
-            in order: at least one, at most ``max_messages``.
+            The messages' frames in order (each as :meth:`receive_frames`
+            returns them), at least one and at most ``max_messages``.
 
         Raises:
             ValueError: ``max_messages`` is less than 1.
