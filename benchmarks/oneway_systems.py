@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import struct
 import threading
 import time
@@ -305,6 +306,9 @@ async def _floor_receive(_case: Any, tally: Tally, ready: Callable[[str], object
 async def _floor_send(case: Any, address: str, deadline: float) -> None:
     host, _, port = address.removeprefix("tcp://").rpartition(":")
     loop = asyncio.get_running_loop()
+    # The writes after the receiver left (before the loop sees it) are expected:
+    # asyncio's and uvloop's "socket.send() raised exception." would only be noise.
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
     async def one(index: int) -> None:
         payload = payloads(index, case.size)
