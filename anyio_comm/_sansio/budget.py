@@ -188,15 +188,15 @@ class ReceiveBudget:
 
     @property
     def check_interval(self) -> float:
-        """Seconds between stall checks while a connection waits for budget: a
-        quarter of ``stall_timeout``, at most one second (``math.inf`` without a
-        ``stall_timeout``)."""
+        """The seconds between stall checks while a connection waits for budget,
+        a quarter of ``stall_timeout`` and at most one second (``math.inf``
+        without a ``stall_timeout``)."""
         timeout = self._stall_timeout
         return math.inf if timeout is None else min(timeout / 4, 1.0)
 
     def close_stalled(self, now: float) -> None:
         """Run the stall check (:meth:`check_stalls`) and close the connections
-        it picks (:meth:`BudgetAccount.stall`), saying why. Called every
+        it picks (``BudgetAccount.stall``), saying why. Called every
         :attr:`check_interval` seconds by whoever waits for budget."""
         for victim in self.check_stalls(now):
             victim.stall(
@@ -214,7 +214,7 @@ class ReceiveBudget:
         ``stall_timeout`` seconds ago or more. Returns the largest stalled
         holders first, as many as it takes to admit the first waiter of each
         lane (none if nobody waits or ``stall_timeout`` is ``None``); the caller
-        closes them with :meth:`BudgetAccount.stall`. Also marks the waiters
+        closes them with ``BudgetAccount.stall``. Also marks the waiters
         that waited ``stall_timeout``: nobody overtakes them any more.
         """
         timeout = self._stall_timeout
