@@ -195,7 +195,7 @@ class ReceiveBudget:
         return math.inf if timeout is None else min(timeout / 4, 1.0)
 
     def close_stalled(self, now: float) -> None:
-        """Run the stall check (:meth:`check_stalls`) and close the connections
+        """Run the stall check (``check_stalls``) and close the connections
         it picks (``BudgetAccount.stall``), saying why. Called every
         :attr:`check_interval` seconds by whoever waits for budget."""
         for victim in self.check_stalls(now):
