@@ -307,9 +307,11 @@ def run_matrix(
     repeat: int,
     run: Callable[[Any], dict[str, Any]],
     report: Callable[[Any, dict[str, Any]], None],
+    figure: str = "rps",
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Every case ``repeat`` times, interleaved, each result shown by ``report``; return
-    (the best run of each case by round trips per second, all runs)."""
+    (the best run of each case by ``figure``, round trips per second by default; all
+    runs)."""
     runs: list[dict[str, Any]] = []
     best: dict[Any, dict[str, Any]] = {}
     for index in range(repeat):
@@ -318,7 +320,7 @@ def run_matrix(
             report(case, result)
             runs.append({"repeat": index, **result})
             previous = best.get(case)
-            if previous is None or "error" in previous or result.get("rps", 0) > previous["rps"]:
+            if previous is None or "error" in previous or result.get(figure, 0) > previous[figure]:
                 best[case] = result
     return [best[case] for case in cases], runs
 

@@ -43,15 +43,14 @@ from benchmarks._harness import (
     ProcessPair,
     add_output_options,
     argument_parser,
-    attempt,
     csv_list,
     drop_missing_backends,
+    run_matrix,
     start_run,
 )
 from benchmarks.oneway_systems import SYSTEMS, Tally
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
     from multiprocessing.connection import Connection
 
 #: seconds a process may take to start and the sender to connect
@@ -164,27 +163,6 @@ def run_case(
     return {**asdict(case), **result}
 
 
-def interleave(
-    cases: list[Case],
-    repeat: int,
-    run: Callable[[Case], dict[str, Any]],
-    show: Callable[[Case, dict[str, Any]], None],
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """Every case ``repeat`` times, interleaved; return (the best run of each case by
-    messages per second, all runs)."""
-    runs: list[dict[str, Any]] = []
-    best: dict[Case, dict[str, Any]] = {}
-    for index in range(repeat):
-        for case in cases:
-            result = attempt(case, run, case)
-            show(case, result)
-            runs.append({"repeat": index, **result})
-            previous = best.get(case)
-            if previous is None or "error" in previous or result.get("mps", 0) > previous["mps"]:
-                best[case] = result
-    return [best[case] for case in cases], runs
-
-
 def cases_for(args: Any) -> list[Case]:
     """The cases of the command line, grouped by workload (size, connections)."""
     backends = [*args.backends, "threads"]
@@ -288,7 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         figure = result.get("error") or f"{result['mps']:,.0f} msgs/s"
         print(f"  {format_size(case.size)} x{case.connections} {name}: {figure}", file=sys.stderr)
 
-    best, runs = interleave(cases, args.repeat, lambda c: run_case(ctx, run.cpus, timing, c), show)
+    best, runs = run_matrix(
+        cases, args.repeat, lambda c: run_case(ctx, run.cpus, timing, c), show, figure="mps"
+    )
     print(report(best))
     if args.json:
         with open(args.json, "w") as f:
