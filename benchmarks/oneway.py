@@ -238,8 +238,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--systems",
         type=csv_list(tuple(SYSTEMS)),
-        default=list(SYSTEMS),
-        help=f"default: all ({','.join(SYSTEMS)})",
+        default=[name for name, system in SYSTEMS.items() if not system.diagnostic],
+        help="default: all but the diagnostic ones ("
+        + ",".join(name for name, system in SYSTEMS.items() if not system.diagnostic)
+        + "); diagnostic: "
+        + ",".join(name for name, system in SYSTEMS.items() if system.diagnostic),
     )
     parser.add_argument(
         "--backends",

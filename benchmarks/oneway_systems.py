@@ -22,7 +22,10 @@ message and a drain every 64, a ``BufferedProtocol`` cutting messages out of its
 buffer); plain AnyIO streams written the plainest way (an 8-byte length prefix,
 ``stream.send()`` per message, ``stream.receive()`` accumulated into a
 ``bytearray``); pyzmq PUSH/PULL with blocking sockets (a thread per connection)
-and with ``zmq.asyncio``.
+and with ``zmq.asyncio``. Two diagnostic pairs, run only when named, measure
+one end of the per-message API each: ``anyio-comm-rx`` (its receiver, fed by
+the batch sender: what the receiving end can take) and ``anyio-comm-tx`` (its
+sender, read by the batch receiver: what the sending end can give).
 """
 
 from __future__ import annotations
@@ -91,7 +94,7 @@ async def _comm_receive(case: Any, tally: Tally, ready: Callable[[str], object])
     import anyio_comm
 
     frames_api = case.system == "anyio-comm-frames"
-    batch_api = case.system == "anyio-comm-batch"
+    batch_api = case.system in ("anyio-comm-batch", "anyio-comm-tx")
 
     async def handle(comm: anyio_comm.Comm) -> None:
         expected = -1
@@ -138,7 +141,7 @@ async def _comm_send(case: Any, address: str, deadline: float) -> None:
     import anyio_comm
 
     frames_api = case.system == "anyio-comm-frames"
-    batch_api = case.system == "anyio-comm-batch"
+    batch_api = case.system in ("anyio-comm-batch", "anyio-comm-rx")
 
     async def one(index: int) -> None:
         payload = payloads(index, case.size)
@@ -436,6 +439,8 @@ class System:
     requires: tuple[str, ...] = ()
     #: the functions are plain (threads), not coroutine functions
     blocking: bool = False
+    #: run only when named in ``--systems``
+    diagnostic: bool = False
 
 
 _ASYNC = ("asyncio", "uvloop", "trio")
@@ -446,6 +451,8 @@ SYSTEMS: dict[str, System] = {
         System("anyio-comm", _ASYNC, _comm_receive, _comm_send),
         System("anyio-comm-frames", _ASYNC, _comm_receive, _comm_send),
         System("anyio-comm-batch", _ASYNC, _comm_receive, _comm_send),
+        System("anyio-comm-rx", _ASYNC, _comm_receive, _comm_send, diagnostic=True),
+        System("anyio-comm-tx", _ASYNC, _comm_receive, _comm_send, diagnostic=True),
         System("floor", ("asyncio", "uvloop"), _floor_receive, _floor_send),
         System("anyio-streams", _ASYNC, _streams_receive, _streams_send),
         System(

@@ -65,3 +65,13 @@ def test_bad_options_are_refused() -> None:
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 2
     assert "at least 8 bytes" in done.stderr
+
+
+def test_the_diagnostic_systems_run_only_when_named() -> None:
+    command = [sys.executable, "-m", "benchmarks.oneway", "--help"]
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0
+    text = "".join(done.stdout.split())  # (argparse wraps the help at hyphens)
+    assert "diagnostic:anyio-comm-rx,anyio-comm-tx" in text
+    default = text.split("default:allbutthediagnosticones(")[1].split(")")[0]
+    assert "anyio-comm-rx" not in default and "anyio-comm-batch" in default
