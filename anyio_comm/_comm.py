@@ -26,28 +26,30 @@ after every message before it, as :exc:`PeerClosedOK` or
 :exc:`PeerClosedError`.
 
 Scheduling: every ``send`` and ``receive`` is a cancellation point, and no
-more than two operations in a row on a comm complete without letting other
-tasks run (so a fast peer cannot starve the event loop).
+more than ``YIELD_EVERY`` (8) operations in a row on a comm complete without
+letting other tasks run (so a fast peer cannot starve the event loop). A pass
+of the event loop per message was most of the cost of a stream of small
+messages, and one per 8 keeps another task's wait under about 50 us of such a
+stream.
 
 * receive: a receive that waited for the engine has yielded already, and the
   wait was its cancellation point (on asyncio preceded by the backend's
   ``checkpoint_if_cancelled()``: AnyIO does not deliver a cancellation to a
   wait whose wake-up is already scheduled, which the event loop's readiness
   callback may have done first). A receive that got its message without
-  waiting yields once after taking it if the operation before it did not
-  yield, and otherwise only checks for a cancellation (a pass of the event
-  loop per message was most of the cost of a stream of buffered small
-  messages); when cancelled there, it keeps the message, and the next
-  receive returns it: nothing is lost.
+  waiting yields once after taking it if the operations since the last yield
+  make ``YIELD_EVERY``, and otherwise only checks for a cancellation; when
+  cancelled there, it keeps the message, and the next receive returns it:
+  nothing is lost.
 * send: a cancellation point before anything is written
-  (``checkpoint_if_cancelled()``). A send that follows an operation that
-  yielded (in request/reply traffic: the receive that got the request) does
-  not yield again when the socket takes the message at once, which saves a
-  pass of the event loop per message. A send that follows one that did not
-  yield does: on trio with trio's ``cancel_shielded_checkpoint()`` after the
-  write; on asyncio, where a shielded checkpoint costs a cancel scope (8.5 us
-  measured, against 3.2 us for a plain yield), with one plain yield before
-  the write, where a cancellation loses nothing.
+  (``checkpoint_if_cancelled()``). A send whose socket takes the message at
+  once yields only when the operations since the last yield make
+  ``YIELD_EVERY``: on trio with trio's ``cancel_shielded_checkpoint()`` after
+  the write; on asyncio, where a shielded checkpoint costs a cancel scope
+  (8.5 us measured, against 3.2 us for a plain yield), with one plain yield
+  before the write, where a cancellation loses nothing. In request/reply
+  traffic the send follows a receive that waited, so the reply goes out
+  without a second pass of the event loop.
 
 Receiving and sending are independent (one task may receive while another
 sends), but at most one task receives and one task sends at a time.
@@ -126,6 +128,10 @@ class _State(enum.Enum):
     CLOSED = "closed"
 
 
+#: the most operations in a row on a comm that complete without yielding to the
+#: event loop (see the module docstring)
+YIELD_EVERY: Final = 8
+_YIELD_AFTER: Final = YIELD_EVERY - 1
 _OPEN: Final = _State.OPEN
 _CONN_OPEN: Final = ConnectionState.OPEN
 _NONE_REFUSED: Final[list[tuple[int, LocalProtocolError]]] = []  # (never changed)
@@ -261,7 +267,7 @@ class Comm(ObjectStream[Any]):
         "_timers",
         "_transport",
         "_trio",
-        "_yield_due",
+        "_unyielded",
     )
 
     def __init__(
@@ -292,9 +298,9 @@ class Comm(ObjectStream[Any]):
         self._check_cancelled = backend.checkpoint_if_cancelled
         self._receive_guard = ConflictDetector("receiving from")
         self._send_guard = ConflictDetector("sending to")
-        # The last send completed without yielding to the event loop: the
-        # next send yields (see the module docstring).
-        self._yield_due = False
+        # The operations completed since the last yield to the event loop: the
+        # one after YIELD_EVERY - 1 of them yields (see the module docstring).
+        self._unyielded = 0
         # A message taken by a receive that was then cancelled in its final
         # checkpoint (the next receive returns it), or what a batch stopped at
         # (the next receive raises it: _Deferred).
@@ -583,7 +589,7 @@ class Comm(ObjectStream[Any]):
                                     hook.waiting = None
                             frames = receiver.receive_nowait()
                             if frames is not None:
-                                self._yield_due = False
+                                self._unyielded = 0
                                 self._timers.message_waited = 0.0
                                 if hook is not None and hook.stopped_idle:
                                     hook.message_taken()
@@ -615,15 +621,15 @@ class Comm(ObjectStream[Any]):
             # check for a cancellation. The message is already taken, so a
             # cancellation here keeps it for the next call.
             try:
-                if self._yield_due:
+                if self._unyielded >= _YIELD_AFTER:
                     if self._trio is None:
                         await asyncio.sleep(0)
                     else:
                         await self._trio.checkpoint()
-                    self._yield_due = False
+                    self._unyielded = 0
                 else:
                     await self._check_cancelled()
-                    self._yield_due = True
+                    self._unyielded += 1
             except BaseException:
                 self._pending = frames
                 raise
@@ -755,15 +761,15 @@ class Comm(ObjectStream[Any]):
             raise ClosedResourceError  # after send_eof()
         guard.held = True
         try:
-            if self._yield_due:
+            if self._unyielded >= _YIELD_AFTER:
                 if self._trio is None:
                     await asyncio.sleep(0)
                 else:
                     await self._trio.checkpoint()
-                self._yield_due = False
+                self._unyielded = 0
             else:
                 await self._check_cancelled()
-                self._yield_due = True
+                self._unyielded += 1
         finally:
             guard.held = False
 
@@ -814,7 +820,7 @@ class Comm(ObjectStream[Any]):
                     return refused
             # The write, here rather than in a helper: a coroutine frame per send.
             trio_lowlevel = self._trio
-            yield_due = self._yield_due
+            yield_due = self._unyielded >= _YIELD_AFTER
             if trio_lowlevel is not None:
                 await trio_lowlevel.checkpoint_if_cancelled()
             elif yield_due:
@@ -841,14 +847,13 @@ class Comm(ObjectStream[Any]):
                         raise PeerClosedError(end.reason) from exc
                 raise
             if waited:
-                self._yield_due = False
-            elif trio_lowlevel is None:
-                self._yield_due = not yield_due
+                self._unyielded = 0
             elif yield_due:
-                self._yield_due = False
-                await trio_lowlevel.cancel_shielded_checkpoint()
+                self._unyielded = 0
+                if trio_lowlevel is not None:
+                    await trio_lowlevel.cancel_shielded_checkpoint()
             else:
-                self._yield_due = True
+                self._unyielded += 1
             return refused
         finally:
             guard.held = False

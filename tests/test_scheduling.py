@@ -3,8 +3,8 @@
 * Every ``send`` and ``receive`` is a cancellation point, even when the data
   could go out or was already buffered: in a cancelled scope it raises, and
   nothing is sent or lost.
-* No more than two operations in a row on a comm complete without letting
-  other tasks run, so a producer whose socket always has room, or a consumer
+* No more than ``YIELD_EVERY`` (8) operations in a row on a comm complete
+  without letting other tasks run, so a producer whose socket always has room, or a consumer
   whose messages are always buffered, cannot starve the event loop.
 
 A *ticker* task counts its own checkpoints: it runs once per turn of the
@@ -13,8 +13,8 @@ never let it run. trio runs the tasks of a scheduling batch in random order,
 so a task that yields may resume before the ticker's next step; after two
 yields the ticker has always run. The tests therefore record the count after
 every operation and require it to move within every window of operations
-that must contain two yields: four sends, four receives of buffered
-messages, two request/reply rounds.
+that must contain two yields: twice ``YIELD_EVERY`` sends or receives of
+buffered messages, ``YIELD_EVERY`` request/reply rounds.
 """
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ import pytest
 from anyio import CancelScope, get_cancelled_exc_class
 from anyio.lowlevel import checkpoint
 
+from anyio_comm._comm import YIELD_EVERY
+
 from .helpers import TRANSPORTS, connected_pair
 
 if TYPE_CHECKING:
@@ -33,7 +35,7 @@ if TYPE_CHECKING:
 
 pytestmark = pytest.mark.anyio
 
-ROUNDS = 60
+ROUNDS = 100
 
 
 class Ticker:
@@ -84,7 +86,7 @@ async def test_back_to_back_sends_let_other_tasks_run(kind: str) -> None:
             for i in range(2 * ROUNDS):
                 await client.send(i)
                 ticks.append(ticker.ticks)
-            assert_moves(ticks, 4, "sends")
+            assert_moves(ticks, 2 * YIELD_EVERY, "sends")
             while len(received) < 2 * ROUNDS:
                 await checkpoint()
 
@@ -106,7 +108,7 @@ async def test_receive_of_a_buffered_message_lets_other_tasks_run(kind: str) -> 
             for i in range(ROUNDS):
                 assert await server.receive() == i
                 ticks.append(ticker.ticks)
-            assert_moves(ticks, 4, "receives")
+            assert_moves(ticks, 2 * YIELD_EVERY, "receives")
 
         await with_ticker(body, peer)
 
@@ -133,7 +135,7 @@ async def test_request_reply_lets_other_tasks_run(kind: str) -> None:
             for _ in range(ROUNDS):
                 await server.send(await server.receive())
                 ticks.append(ticker.ticks)
-            assert_moves(ticks, 2, "request/reply rounds")
+            assert_moves(ticks, YIELD_EVERY, "request/reply rounds")
             while len(replies) < ROUNDS:
                 await checkpoint()
 
