@@ -617,9 +617,11 @@ class Comm(ObjectStream[Any]):
                     raise exc.error from None
             else:
                 self._pending = None
-            # Nothing waited: yield now if the last operation did not, else only
-            # check for a cancellation. The message is already taken, so a
-            # cancellation here keeps it for the next call.
+            # Nothing waited: yield now if this operation makes YIELD_EVERY since
+            # the last yield, else only check for a cancellation (written out
+            # here, as in _send_nothing: a helper would be a coroutine frame per
+            # message). The message is already taken, so a cancellation here
+            # keeps it for the next call.
             try:
                 if self._unyielded >= _YIELD_AFTER:
                     if self._trio is None:
