@@ -50,6 +50,17 @@ stream.
   before the write, where a cancellation loses nothing. In request/reply
   traffic the send follows a receive that waited, so the reply goes out
   without a second pass of the event loop.
+* writing behind: a send whose message is small and the comm's own bytes (no
+  out-of-band buffer of the caller), made when the comm's previous operation
+  did not wait for the peer, is queued by a socket transport instead of
+  written (``Transport.send_later``): the next send that writes writes the
+  queue with its own message in one gather write, or else the event loop does
+  in its next pass (on asyncio the yield of every ``YIELD_EVERY``-th operation
+  is that pass; on trio the yielding send writes the queue). A stream of small
+  messages then costs a system call per ``YIELD_EVERY`` messages rather than
+  per message, while a send after a wait (a reply) is written at once. A
+  failure of the queued write is raised by a later send; ``aclose()`` and
+  ``send_eof()`` write the queue first, ``abort()`` discards it.
 
 Receiving and sending are independent (one task may receive while another
 sends), but at most one task receives and one task sends at a time.
@@ -268,6 +279,7 @@ class Comm(ObjectStream[Any]):
         "_transport",
         "_trio",
         "_unyielded",
+        "_waited",
     )
 
     def __init__(
@@ -301,6 +313,10 @@ class Comm(ObjectStream[Any]):
         # The operations completed since the last yield to the event loop: the
         # one after YIELD_EVERY - 1 of them yields (see the module docstring).
         self._unyielded = 0
+        # The last operation waited for the peer (or none was made): a send now is
+        # likely a reply, written at once rather than behind (see the module
+        # docstring).
+        self._waited = True
         # A message taken by a receive that was then cancelled in its final
         # checkpoint (the next receive returns it), or what a batch stopped at
         # (the next receive raises it: _Deferred).
@@ -590,6 +606,7 @@ class Comm(ObjectStream[Any]):
                             frames = receiver.receive_nowait()
                             if frames is not None:
                                 self._unyielded = 0
+                                self._waited = True
                                 self._timers.message_waited = 0.0
                                 if hook is not None and hook.stopped_idle:
                                     hook.message_taken()
@@ -635,6 +652,7 @@ class Comm(ObjectStream[Any]):
             except BaseException:
                 self._pending = frames
                 raise
+            self._waited = False
             self._timers.message_waited = 0.0
             hook = self._hook
             if hook is not None and hook.stopped_idle:
@@ -660,6 +678,17 @@ class Comm(ObjectStream[Any]):
 
         Bytes-like values at or above the comm's ``oob_threshold`` are sent
         out-of-band without copying: do not modify them until ``send``
+        returns.
+
+        ``send`` returns once the message is written to the connection, or,
+        over ``tcp://`` and ``unix://``, for a small message sent when this
+        comm's previous operation did not wait for the peer (a stream, not a
+        reply), once it is queued: the queue is written by the next send that
+        writes, at the latest in the event loop's next pass, one system call for
+        many messages. A failure of that write is raised by a later send
+        (:exc:`anyio.BrokenResourceError`); :meth:`aclose` and
+        :meth:`send_eof` write the queue first, :meth:`abort` discards it.
+        Messages with out-of-band buffers are always written before ``send``
         returns.
 
         .. warning::
@@ -772,6 +801,7 @@ class Comm(ObjectStream[Any]):
             else:
                 await self._check_cancelled()
                 self._unyielded += 1
+            self._waited = False
         finally:
             guard.held = False
 
@@ -830,6 +860,19 @@ class Comm(ObjectStream[Any]):
             else:
                 await self._check_cancelled()
             transport = self._transport
+            if (
+                not self._waited
+                and (trio_lowlevel is None or not yield_due)
+                and transport.send_later(iov)
+            ):
+                # Not a reply: written behind, with the next send that writes or
+                # in the event loop's next pass (see the module docstring). On
+                # asyncio a yield above wrote what was queued before.
+                if yield_due:
+                    self._unyielded = 0
+                else:
+                    self._unyielded += 1
+                return refused
             try:
                 waited = await transport.send_all(iov)
             except ClosedResourceError:
@@ -850,7 +893,10 @@ class Comm(ObjectStream[Any]):
                 raise
             if waited:
                 self._unyielded = 0
-            elif yield_due:
+                self._waited = True
+                return refused
+            self._waited = False
+            if yield_due:
                 self._unyielded = 0
                 if trio_lowlevel is not None:
                     await trio_lowlevel.cancel_shielded_checkpoint()

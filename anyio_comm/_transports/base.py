@@ -11,6 +11,8 @@ to the event loop, and so that the same non-blocking step can run in a task
 
 Sending is one call, :meth:`Transport.send_all`, which tries the system call
 first and waits only when the socket is full; it returns whether it waited.
+:meth:`Transport.send_later` queues a small send to be written with the next
+one, or in the event loop's next pass, where the transport can.
 """
 
 from __future__ import annotations
@@ -134,6 +136,27 @@ class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
             anyio.ClosedResourceError: the transport was closed by us.
             anyio.BrokenResourceError: the connection failed.
         """
+
+    def send_later(self, buffers: Sequence[Buffer]) -> bool:  # noqa: ARG002
+        """Queue ``buffers`` to be written after everything sent or queued before,
+        without waiting and without a system call now: the next
+        :meth:`send_all` writes them first (with its own), or else the event
+        loop does within its next pass (see
+        :mod:`~anyio_comm._transports.write_behind`). Only ``bytes`` are
+        queued, never a caller's buffer.
+
+        A failure of that write is raised by the next :meth:`send_all` (and
+        sets :attr:`send_interrupted`); :meth:`aclose` writes the queue first,
+        :meth:`abort` discards it.
+
+        Returns:
+            False when nothing was queued: the transport cannot write behind,
+            a buffer is not ``bytes``, the queue would exceed
+            :data:`~anyio_comm._transports.write_behind.BEHIND_LIMIT`, or an
+            earlier queue is still being written (then send with
+            :meth:`send_all`, which waits for it).
+        """
+        return False
 
     @property
     def send_interrupted(self) -> bool:

@@ -67,12 +67,14 @@ from anyio.abc import SocketStream
 
 from .._backend import current_backend
 from .base import Transport
+from .write_behind import BEHIND_LIMIT, trio_flusher
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
     from types import ModuleType
 
     from .._sansio._buffer import Buffer
+    from .write_behind import TrioFlusher
 
 __all__ = ["SocketTransport"]
 
@@ -86,6 +88,8 @@ _HAS_SENDMSG: Final = hasattr(socket.socket, "sendmsg")
 # the peer reset it (None where the option is missing)
 _TCP_INFO: Final = getattr(socket, "TCP_INFO", None) if sys.platform == "linux" else None
 _TCP_CLOSE: Final = 7
+#: seconds aclose() gives the queued sends to be written (see write_behind.py)
+FLUSH_ON_CLOSE_TIMEOUT: Final = 1.0
 
 
 def _call_weakly(
@@ -339,8 +343,14 @@ class SocketTransport(Transport, SocketStream):
     buffers_data = False
 
     __slots__ = (
+        "_behind",
+        "_behind_error",
+        "_behind_size",
         "_closed",
         "_drained",
+        "_flush_scheduled",
+        "_flusher",
+        "_loop",
         "_reader",
         "_send_interrupted",
         "_sock",
@@ -348,6 +358,7 @@ class SocketTransport(Transport, SocketStream):
         "_trio_busy",
         "_trio_closed",
         "_writer",
+        "_writing_behind",
     )
 
     def __init__(self, sock: socket.socket) -> None:
@@ -358,7 +369,17 @@ class SocketTransport(Transport, SocketStream):
         # The last recv returned less than it asked for: the socket was empty.
         self._drained = False
         backend = current_backend()
-        loop = backend.loop
+        loop = self._loop = backend.loop
+        # Write-behind (see write_behind.py): the queued buffers and their size;
+        # whether their write in the event loop's next pass is scheduled; the
+        # wait for a queue the socket did not take whole, while it is written
+        # on; and why such a write failed (raised by the next send).
+        self._behind: list[Buffer] = []
+        self._behind_size = 0
+        self._flush_scheduled = False
+        self._writing_behind: Callable[[], Awaitable[Any]] | None = None
+        self._behind_error: Exception | None = None
+        self._flusher: TrioFlusher | None = None
         self._reader = _LoopReader(loop, sock.fileno()) if loop is not None else None
         self._writer = _LoopWriter(loop, sock.fileno()) if loop is not None else None
         # trio's lowlevel module and exceptions on trio, None on asyncio.
@@ -379,6 +400,15 @@ class SocketTransport(Transport, SocketStream):
         reader = self._reader
         if reader is not None:
             reader.release()
+        self._release_flusher()
+
+    def _release_flusher(self) -> None:
+        flusher, self._flusher = self._flusher, None
+        if flusher is not None:
+            try:
+                flusher.detach()
+            except RuntimeError:  # (a finalizer outside the trio run: it has ended)
+                pass
 
     @property
     def _raw_socket(self) -> socket.socket:
@@ -486,6 +516,8 @@ class SocketTransport(Transport, SocketStream):
         return self._send_interrupted
 
     async def send_all(self, buffers: Sequence[Buffer]) -> bool:
+        if self._behind or self._writing_behind is not None or self._behind_error is not None:
+            buffers = await self._after_behind(buffers)
         sock = self._sock
         # A send that came up short makes the task wait for writability (see
         # _send_once); with the event loop's callback, only EAGAIN hands over to
@@ -565,12 +597,147 @@ class SocketTransport(Transport, SocketStream):
             raise ClosedResourceError
         return True
 
+    # -- writing behind (see write_behind.py) ---------------------------------
+
+    def send_later(self, buffers: Sequence[Buffer]) -> bool:
+        if self._closed or self._writing_behind is not None or self._behind_error is not None:
+            return False
+        size = self._behind_size
+        for buffer in buffers:
+            if type(buffer) is not bytes:  # a caller's buffer: written before send returns
+                return False
+            size += len(buffer)
+        if size > BEHIND_LIMIT:
+            return False
+        if not self._flush_scheduled:
+            loop = self._loop
+            if loop is not None:
+                if self._writer is None:  # no add_writer: nothing could write the rest
+                    return False
+                loop.call_soon(self._flush_soon)
+            else:
+                flusher = self._flusher
+                if flusher is None:
+                    assert self._trio is not None
+                    flusher = self._flusher = trio_flusher(self._trio)
+                if not flusher.schedule(self):
+                    return False
+            self._flush_scheduled = True
+        self._behind += buffers
+        self._behind_size = size
+        return True
+
+    def _write_behind_nowait(self) -> tuple[list[Any], int] | None:
+        """Write the queue as far as the socket takes it now; return what it did
+        not take (the buffers, and the index of the first one not sent whole)."""
+        self._flush_scheduled = False
+        pending: list[Any] = self._behind
+        if not pending or self._closed:
+            return None
+        self._behind = []
+        self._behind_size = 0
+        first = 0
+        count = len(pending)
+        try:
+            while first < count:
+                _, first, _ = _send_once(self._sock, pending, first)
+        except BlockingIOError:
+            return pending, first
+        except OSError as exc:
+            self._behind_failed(exc)
+        return None
+
+    def _behind_failed(self, exc: Exception) -> None:
+        """A queued write failed: messages the caller was told were sent are lost,
+        so the next send raises, and the stream is unusable for framing."""
+        if not self._closed:
+            self._behind_error = exc
+            self._send_interrupted = True
+
+    def _flush_soon(self) -> None:
+        """The event loop's callback (asyncio, uvloop): write the queue, and have
+        the writable callback write on what the socket did not take."""
+        rest = self._write_behind_nowait()
+        if rest is None:
+            return
+        writer = self._writer
+        assert writer is not None
+        try:
+            future = writer.send_rest(self._sock, *rest)
+        except NotImplementedError:  # pragma: no cover (send_later checks for a writer)
+            self._behind_failed(OSError("the event loop cannot wait for writability"))
+            return
+        future.add_done_callback(self._behind_written)
+        self._writing_behind = lambda: asyncio.shield(future)
+
+    def _behind_written(self, future: asyncio.Future[None]) -> None:
+        self._writing_behind = None
+        if not future.cancelled() and isinstance(exc := future.exception(), Exception):
+            self._behind_failed(exc)
+
+    def flush_behind(self) -> Callable[[], Awaitable[None]] | None:
+        """trio's flusher calls this: write the queue; return the coroutine
+        function that writes the rest, if the socket did not take it all (run
+        by the flusher's nursery; it never raises but trio's ``Cancelled``)."""
+        rest = self._write_behind_nowait()
+        if rest is None:
+            return None
+        import trio  # only ever called under trio
+
+        pending, first = rest
+        done = trio.Event()
+        self._writing_behind = done.wait
+
+        async def write_rest() -> None:
+            sock = self._sock
+            count = len(pending)
+            index = first
+            try:
+                while index < count:
+                    await trio.lowlevel.wait_writable(sock)
+                    if self._closed:
+                        return
+                    try:
+                        _, index, _ = _send_once(sock, pending, index)
+                    except BlockingIOError:
+                        continue
+            except Exception as exc:  # (never out of the system task)
+                self._behind_failed(exc)
+            finally:
+                self._writing_behind = None
+                done.set()
+
+        return write_rest
+
+    async def _after_behind(self, buffers: Sequence[Buffer]) -> list[Any]:
+        """The buffers of a send that must go after the queue: the queue's own
+        first (after the rest of an earlier queue is written, which the send
+        waits for)."""
+        writing = self._writing_behind
+        if writing is not None:
+            await writing()
+        error = self._behind_error
+        if error is not None:
+            self._send_interrupted = True
+            if isinstance(error, OSError):
+                raise self._translate(error) from error
+            raise BrokenResourceError(f"connection failed: {error!r}") from error
+        if self._closed:
+            raise ClosedResourceError
+        behind: list[Any] = self._behind
+        self._behind = []
+        self._behind_size = 0
+        behind += buffers
+        return behind
+
     async def send_eof(self) -> None:
         # The cancellation point comes first: once the FIN is out, returning
         # normally is the only way to tell the caller it was sent.
         await anyio.lowlevel.checkpoint()
         if self._closed:
             raise ClosedResourceError
+        if self._behind or self._writing_behind is not None or self._behind_error is not None:
+            await self.send_all(())
         try:
             self._sock.shutdown(socket.SHUT_WR)
         except OSError as exc:
@@ -616,6 +783,8 @@ class SocketTransport(Transport, SocketStream):
         if self._closed:
             return
         self._closed = True
+        self._behind = []  # (abort discards what was queued)
+        self._release_flusher()
         sock = self._sock
         try:
             if self._reader is not None:
@@ -633,5 +802,14 @@ class SocketTransport(Transport, SocketStream):
             sock.close()
 
     async def aclose(self) -> None:
+        if not self._closed and (self._behind or self._writing_behind is not None):
+            # What was queued was reported sent: write it first, even when the
+            # caller is cancelled, within FLUSH_ON_CLOSE_TIMEOUT.
+            with anyio.CancelScope(shield=True) as scope:
+                scope.deadline = anyio.current_time() + FLUSH_ON_CLOSE_TIMEOUT
+                try:
+                    await self.send_all(())
+                except (BrokenResourceError, ClosedResourceError):
+                    pass
         self.abort()
         await anyio.lowlevel.cancel_shielded_checkpoint()

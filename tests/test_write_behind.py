@@ -1,0 +1,343 @@
+"""Sends made in a burst are written together, written behind the send
+(``Comm.send``'s docstring and the ``_comm`` module docstring): nothing lost,
+order kept, a caller's buffer never held, errors reported, the queue written by
+``aclose`` and ``send_eof``, on every backend and transport."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+import anyio
+import anyio.lowlevel
+import pytest
+from anyio import BrokenResourceError, EndOfStream
+from anyio.abc import SocketAttribute
+
+from anyio_comm import PeerClosed, PeerClosedError
+from anyio_comm._comm import YIELD_EVERY
+from anyio_comm._transports.rawsocket import SocketTransport
+from anyio_comm._transports.write_behind import BEHIND_LIMIT
+
+from .helpers import TRANSPORTS, connected_pair
+
+pytestmark = [pytest.mark.anyio]
+
+#: transports over a socket of the comm's own, which write behind
+SOCKETS = ["tcp", "unix"]
+
+
+def peek(sock: socket.socket) -> int:
+    """Bytes waiting in ``sock``, without taking them."""
+    try:
+        return len(sock.recv(1 << 20, socket.MSG_PEEK | socket.MSG_DONTWAIT))
+    except BlockingIOError:
+        return 0
+
+
+async def receive_n(comm: Any, count: int) -> list[Any]:
+    with anyio.fail_after(10):
+        return [await comm.receive() for _ in range(count)]
+
+
+class CountingSocket(socket.socket):
+    """A socket that counts its writes (swapped in as the class of a live one)."""
+
+    __slots__ = ()
+    writes = 0
+
+    def send(self, *args: Any) -> int:
+        CountingSocket.writes += 1
+        return super().send(*args)
+
+    def sendmsg(self, *args: Any) -> int:
+        CountingSocket.writes += 1
+        return super().sendmsg(*args)
+
+
+@pytest.mark.parametrize("kind", SOCKETS)
+async def test_a_stream_of_small_sends_is_written_a_burst_at_a_time(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        raw = client.extra(SocketAttribute.raw_socket)
+        count = 40 * YIELD_EVERY
+        got: list[Any] = []
+
+        async def read() -> None:
+            got.extend(await receive_n(server, count))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            raw.__class__ = CountingSocket
+            CountingSocket.writes = 0
+            try:
+                for n in range(count):
+                    await client.send(n)
+            finally:
+                raw.__class__ = socket.socket
+        assert got == list(range(count))
+        # one write per YIELD_EVERY messages (give or take the first and last)
+        assert CountingSocket.writes <= count // YIELD_EVERY + 2
+
+
+@pytest.mark.parametrize("kind", SOCKETS)
+async def test_a_send_after_a_wait_is_written_at_once(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        raw = client.extra(SocketAttribute.raw_socket)
+        for n in range(3):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(server.send, f"request {n}")
+                with anyio.fail_after(10):
+                    assert await client.receive() == f"request {n}"
+            raw.__class__ = CountingSocket
+            CountingSocket.writes = 0
+            try:
+                await client.send(f"reply {n}")  # (no yield: nothing else could write it)
+                assert CountingSocket.writes == 1
+            finally:
+                raw.__class__ = socket.socket
+            with anyio.fail_after(10):
+                assert await server.receive() == f"reply {n}"
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_a_burst_arrives_while_the_sender_waits_on_something_else(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        got: list[Any] = []
+        arrived = anyio.Event()
+
+        async def read() -> None:
+            got.extend(await receive_n(server, 5))
+            arrived.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            await anyio.sleep(0.05)
+            for n in range(5):
+                await client.send({"n": n})
+            # The sender now waits on something that is not the comm: the queued
+            # sends must go anyway (within the event loop's next pass).
+            with anyio.fail_after(5):
+                await arrived.wait()
+        assert got == [{"n": n} for n in range(5)]
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_order_is_kept_across_queued_and_direct_writes(kind: str) -> None:
+    big = bytes(range(256)) * 64  # out-of-band: written before send returns
+    rounds: list[tuple[list[Any], list[Any]]] = []  # (sent one by one, then in a batch)
+    for round_ in range(30):
+        single: list[Any] = [{"r": round_, "i": i} for i in range(round_ % 11)]
+        if round_ % 3 == 0:
+            single.insert(len(single) // 2, big)
+        batch = [{"batch": round_, "i": i} for i in range(3)] if round_ % 4 == 1 else []
+        rounds.append((single, batch))
+    expected = [m for single, batch in rounds for m in single + batch]
+    async with connected_pair(kind) as (client, server):
+        got: list[Any] = []
+
+        async def read() -> None:
+            got.extend(await receive_n(server, len(expected)))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            for single, batch in rounds:
+                for item in single:
+                    await client.send(item)
+                if batch:
+                    await client.send_batch(batch)
+        assert [bytes(m) if isinstance(m, memoryview) else m for m in got] == expected
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_a_buffer_sent_out_of_band_may_be_reused_once_send_returns(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        payload = bytearray(b"a" * 10_000)
+        got: list[Any] = []
+
+        async def read() -> None:
+            got.extend(await receive_n(server, 4))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            await client.send(b"first")
+            await client.send(b"second")  # (queued on a socket transport)
+            await client.send(payload)  # in the burst, but the caller's buffer
+            payload[:] = b"b" * 10_000  # reused as send's docstring allows
+            await client.send(b"after")
+        assert [bytes(m) for m in got] == [b"first", b"second", b"a" * 10_000, b"after"]
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_aclose_writes_the_queued_sends_first(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        async with anyio.create_task_group() as tg:
+            got: list[Any] = []
+
+            async def read() -> None:
+                with anyio.fail_after(10):
+                    try:
+                        while True:
+                            got.append(await server.receive())
+                    except (EndOfStream, PeerClosed):
+                        pass
+
+            tg.start_soon(read)
+            await anyio.sleep(0.05)
+            for n in range(6):
+                await client.send(n)
+            with anyio.CancelScope() as scope:
+                scope.cancel()  # a cancelled caller too: what send accepted goes
+                await client.aclose()
+        assert got == list(range(6))
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_send_eof_writes_the_queued_sends_first(kind: str) -> None:
+    if kind == "memory":
+        pytest.skip("the memory stream of comm_pair cannot half-close")
+    async with connected_pair(kind) as (client, server):
+        await anyio.sleep(0.05)
+        for n in range(6):
+            await client.send(n)
+        await client.send_eof()
+        assert await receive_n(server, 6) == list(range(6))
+        with anyio.fail_after(5), pytest.raises(EndOfStream):
+            await server.receive()
+        await client.send_eof()  # (a no-op the second time)
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
+async def test_a_failed_write_is_reported_by_a_later_send(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        await server.aclose()
+        await anyio.sleep(0.05)
+        with anyio.fail_after(10), pytest.raises((BrokenResourceError, PeerClosedError)):
+            for n in range(10_000):
+                await client.send(n)
+                if n % 3 == 0:
+                    await anyio.sleep(0.001)
+        # the comm is broken for good
+        with pytest.raises((BrokenResourceError, PeerClosedError)):
+            await client.send("more")
+
+
+@pytest.mark.parametrize("kind", SOCKETS)
+async def test_a_queue_the_socket_cannot_take_is_written_as_the_peer_reads(kind: str) -> None:
+    """A peer that stops reading fills the socket: the queued writes wait for it
+    and so does the sender (backpressure), and everything arrives in order."""
+    async with connected_pair(kind) as (client, server):
+        raw = client.extra(SocketAttribute.raw_socket)
+        raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
+        server.extra(SocketAttribute.raw_socket).setsockopt(
+            socket.SOL_SOCKET, socket.SO_RCVBUF, 16384
+        )
+        count = 1000
+        sent = 0
+        got: list[Any] = []
+
+        async def write() -> None:
+            nonlocal sent
+            for n in range(count):
+                await client.send({"n": n, "pad": b"p" * 1000})
+                sent += 1
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(write)
+            await anyio.sleep(0.2)
+            assert sent < count  # the sender waits for the peer
+            with anyio.fail_after(20):
+                got.extend(await receive_n(server, count))
+        assert [m["n"] for m in got] == list(range(count))
+
+
+# -- the socket transport's queue, on a socket pair -------------------------------
+
+
+async def test_the_transport_writes_a_queue_the_socket_cannot_take_as_it_drains() -> None:
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    b.setblocking(False)
+    transport = SocketTransport(a)
+    try:
+        chunks = [bytes([n]) * 1000 for n in range(60)]
+        assert all(transport.send_later([chunk]) for chunk in chunks)
+        assert not transport.send_later([b"x" * (BEHIND_LIMIT - 59_000)])  # over the limit
+        assert not transport.send_later([bytearray(10)])  # not the transport's own bytes
+        await anyio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
+        # the socket took part of the queue; the rest waits for it, and so must
+        # later sends, queued or not
+        assert not transport.send_later([b"later"])
+        received = bytearray()
+
+        async def read() -> None:
+            with anyio.fail_after(10):
+                while len(received) < 60_000 + 5:
+                    await anyio.wait_readable(b)
+                    received.extend(b.recv(65536))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            with anyio.fail_after(10):
+                await transport.send_all([b"later"])
+        assert bytes(received) == b"".join(chunks) + b"later"
+        assert not transport.send_interrupted
+    finally:
+        await transport.aclose()
+        b.close()
+
+
+async def test_a_failed_queued_write_breaks_the_transport() -> None:
+    a, b = socket.socketpair()
+    transport = SocketTransport(a)
+    try:
+        b.close()
+        assert transport.send_later([b"lost"])
+        await anyio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
+        assert transport.send_interrupted
+        assert not transport.send_later([b"more"])
+        with pytest.raises(BrokenResourceError):
+            await transport.send_all([b"more"])
+    finally:
+        await transport.aclose()
+
+
+async def test_abort_discards_the_queue_and_aclose_writes_it() -> None:
+    for close in ("abort", "aclose"):
+        a, b = socket.socketpair()
+        b.setblocking(False)
+        transport = SocketTransport(a)
+        assert transport.send_later([b"queued"])
+        if close == "abort":
+            transport.abort()
+        else:
+            await transport.aclose()
+        await anyio.sleep(0.01)
+        data = b.recv(100)
+        assert data == (b"" if close == "abort" else b"queued")
+        b.close()
+
+
+async def test_a_queue_made_as_the_last_one_closes_is_written() -> None:
+    """On trio the writing is one task, which ends when the last transport that
+    queued closes: a transport queueing just then must still be written."""
+    for _ in range(20):
+        a, b = socket.socketpair()
+        first = SocketTransport(a)
+        assert first.send_later([b"one"])
+        await anyio.lowlevel.checkpoint()
+        first.abort()
+        await anyio.lowlevel.checkpoint()
+        c, d = socket.socketpair()
+        d.setblocking(False)
+        second = SocketTransport(c)
+        try:
+            assert second.send_later([b"two"])
+            with anyio.fail_after(5):
+                await anyio.wait_readable(d)
+            assert d.recv(10) == b"two"
+        finally:
+            await second.aclose()
+            for sock in (b, d):
+                sock.close()
