@@ -60,7 +60,8 @@ stream.
   messages then costs a system call per ``YIELD_EVERY`` messages rather than
   per message, while a send after a wait (a reply) is written at once. A
   failure of the queued write is raised by a later send; ``aclose()`` and
-  ``send_eof()`` write the queue first, ``abort()`` discards it.
+  ``send_eof()`` write the queue first, ``abort()`` what the socket takes
+  at once.
 
 Receiving and sending are independent (one task may receive while another
 sends), but at most one task receives and one task sends at a time.
@@ -687,7 +688,8 @@ class Comm(ObjectStream[Any]):
         writes, at the latest in the event loop's next pass, one system call for
         many messages. A failure of that write is raised by a later send
         (:exc:`anyio.BrokenResourceError`); :meth:`aclose` and
-        :meth:`send_eof` write the queue first, :meth:`abort` discards it.
+        :meth:`send_eof` write the queue first, :meth:`abort` only what the
+        socket takes at once.
         Messages with out-of-band buffers are always written before ``send``
         returns.
 

@@ -147,7 +147,7 @@ class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
 
         A failure of that write is raised by the next :meth:`send_all` (and
         sets :attr:`send_interrupted`); :meth:`aclose` writes the queue first,
-        :meth:`abort` discards it.
+        :meth:`abort` only what the socket takes at once.
 
         Returns:
             False when nothing was queued: the transport cannot write behind,

@@ -782,8 +782,16 @@ class SocketTransport(Transport, SocketStream):
         """
         if self._closed:
             return
+        behind = self._behind
+        if behind:
+            # What was queued was reported sent: give it what the socket takes
+            # now, without waiting (the rest is lost, as a reset loses it).
+            self._behind = []
+            try:
+                self._sock.send(b"".join(behind))
+            except OSError:
+                pass
         self._closed = True
-        self._behind = []  # (abort discards what was queued)
         self._release_flusher()
         sock = self._sock
         try:
