@@ -365,3 +365,90 @@ async def test_a_queue_made_as_the_last_one_closes_is_written() -> None:
             await second.aclose()
             for sock in (b, d):
                 sock.close()
+
+
+def fill(sock: socket.socket) -> int:
+    """Write to ``sock`` until its buffers are full; return how much went."""
+    sock.setblocking(False)
+    total = 0
+    try:
+        while True:
+            total += sock.send(b"f" * 65536)
+    except BlockingIOError:
+        return total
+
+
+def drain(sock: socket.socket) -> bytes:
+    sock.setblocking(False)
+    data = bytearray()
+    try:
+        while chunk := sock.recv(1 << 20):
+            data += chunk
+    except BlockingIOError:
+        pass
+    return bytes(data)
+
+
+async def test_a_send_cancelled_before_writing_puts_the_queue_back() -> None:
+    """The queue rides with the next send that writes; if that send is cancelled
+    before anything went, the queue's messages (reported sent) must still go."""
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    transport = SocketTransport(a)
+    try:
+        filled = fill(a)
+        assert transport.send_later([b"QUEUED"])
+        with anyio.move_on_after(0.05) as scope:
+            await transport.send_all([b"CANCELLED"])  # (the socket is full: it waits)
+        assert scope.cancelled_caught
+        assert not transport.send_interrupted
+        received = bytearray()
+        with anyio.fail_after(10):
+            while len(received) < filled + len(b"QUEUED"):
+                received += drain(b)
+                await anyio.sleep(0.01)
+        await anyio.sleep(0.05)
+        received += drain(b)
+        assert bytes(received[filled:]) == b"QUEUED"
+        await transport.send_all([b"NEXT"])  # the transport is still usable
+        with anyio.fail_after(10):
+            await anyio.wait_readable(b)
+        assert drain(b) == b"NEXT"
+    finally:
+        await transport.aclose()
+        b.close()
+
+
+async def test_a_queue_that_failed_while_the_socket_was_full_is_a_broken_resource() -> None:
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    transport = SocketTransport(a)
+    fill(a)
+    chunk = b"q" * 1000
+    while transport.send_later([chunk]):
+        pass
+    await anyio.sleep(0.02)  # the queue's write waits for the socket
+    b.close()  # and fails
+    with anyio.fail_after(10), pytest.raises(BrokenResourceError):
+        await transport.send_all([b"next"])
+    assert transport.send_interrupted
+    await transport.aclose()  # closes, raising nothing
+    assert a.fileno() == -1
+
+
+async def test_a_send_eof_cancelled_in_the_middle_of_the_queue_breaks_the_comm() -> None:
+    class Stuck(SocketTransport):
+        """A transport whose send_eof() wrote part of the queue, then waits."""
+
+        __slots__ = ()
+
+        async def send_eof(self) -> None:
+            self._send_interrupted = True
+            await anyio.sleep_forever()
+
+    async with connected_pair("tcp") as (client, _server):
+        client._transport.__class__ = Stuck
+        with anyio.move_on_after(0.05):
+            await client.send_eof()
+        with pytest.raises(BrokenResourceError):
+            await client.send("after")

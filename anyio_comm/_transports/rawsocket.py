@@ -88,8 +88,9 @@ _HAS_SENDMSG: Final = hasattr(socket.socket, "sendmsg")
 # the peer reset it (None where the option is missing)
 _TCP_INFO: Final = getattr(socket, "TCP_INFO", None) if sys.platform == "linux" else None
 _TCP_CLOSE: Final = 7
-#: seconds aclose() gives the queued sends to be written (see write_behind.py)
+#: seconds aclose() gives the sends queued by send_later() to be written
 FLUSH_ON_CLOSE_TIMEOUT: Final = 1.0
+_PROACTOR: Final = getattr(asyncio, "ProactorEventLoop", None)
 
 
 def _call_weakly(
@@ -351,6 +352,7 @@ class SocketTransport(Transport, SocketStream):
         "_flush_scheduled",
         "_flusher",
         "_loop",
+        "_loop_writes",
         "_reader",
         "_send_interrupted",
         "_sock",
@@ -380,6 +382,11 @@ class SocketTransport(Transport, SocketStream):
         self._writing_behind: Callable[[], Awaitable[Any]] | None = None
         self._behind_error: Exception | None = None
         self._flusher: TrioFlusher | None = None
+        # The event loop can write the rest of a queue the socket did not take
+        # (add_writer: not Windows' proactor loop, where nothing could).
+        self._loop_writes = loop is not None and not (
+            _PROACTOR is not None and isinstance(loop, _PROACTOR)
+        )
         self._reader = _LoopReader(loop, sock.fileno()) if loop is not None else None
         self._writer = _LoopWriter(loop, sock.fileno()) if loop is not None else None
         # trio's lowlevel module and exceptions on trio, None on asyncio.
@@ -517,7 +524,7 @@ class SocketTransport(Transport, SocketStream):
 
     async def send_all(self, buffers: Sequence[Buffer]) -> bool:
         if self._behind or self._writing_behind is not None or self._behind_error is not None:
-            buffers = await self._after_behind(buffers)
+            return await self._send_after_behind(buffers)
         sock = self._sock
         # A send that came up short makes the task wait for writability (see
         # _send_once); with the event loop's callback, only EAGAIN hands over to
@@ -600,32 +607,45 @@ class SocketTransport(Transport, SocketStream):
     # -- writing behind (see write_behind.py) ---------------------------------
 
     def send_later(self, buffers: Sequence[Buffer]) -> bool:
-        if self._closed or self._writing_behind is not None or self._behind_error is not None:
+        if self._closed or self._writing_behind is not None or self._send_interrupted:
             return False
         size = self._behind_size
         for buffer in buffers:
             if type(buffer) is not bytes:  # a caller's buffer: written before send returns
                 return False
             size += len(buffer)
-        if size > BEHIND_LIMIT:
+        if size > BEHIND_LIMIT or not (self._flush_scheduled or self._schedule_flush()):
             return False
-        if not self._flush_scheduled:
-            loop = self._loop
-            if loop is not None:
-                if self._writer is None:  # no add_writer: nothing could write the rest
-                    return False
-                loop.call_soon(self._flush_soon)
-            else:
-                flusher = self._flusher
-                if flusher is None:
-                    assert self._trio is not None
-                    flusher = self._flusher = trio_flusher(self._trio)
-                if not flusher.schedule(self):
-                    return False
-            self._flush_scheduled = True
         self._behind += buffers
         self._behind_size = size
         return True
+
+    def _schedule_flush(self) -> bool:
+        """Have the queue written in the event loop's next pass; False if nothing can."""
+        loop = self._loop
+        if loop is not None:
+            if not self._loop_writes:
+                return False
+            loop.call_soon(self._flush_soon)
+        else:
+            flusher = self._flusher
+            if flusher is None:
+                assert self._trio is not None
+                flusher = self._flusher = trio_flusher(self._trio)
+                if flusher is None:  # (the run is ending)
+                    return False
+            if not flusher.schedule(self):
+                return False
+        self._flush_scheduled = True
+        return True
+
+    def _requeue(self, queue: list[Any]) -> None:
+        """Put back a queue a send took and did not write any of (it was cancelled):
+        it was reported sent, so it goes first, written later."""
+        self._behind[:0] = queue
+        self._behind_size = sum(len(buffer) for buffer in queue) + self._behind_size
+        if not self._flush_scheduled:
+            self._schedule_flush()
 
     def _write_behind_nowait(self) -> tuple[list[Any], int] | None:
         """Write the queue as far as the socket takes it now; return what it did
@@ -664,7 +684,7 @@ class SocketTransport(Transport, SocketStream):
         assert writer is not None
         try:
             future = writer.send_rest(self._sock, *rest)
-        except NotImplementedError:  # pragma: no cover (send_later checks for a writer)
+        except NotImplementedError:  # pragma: no cover (a loop _loop_writes missed)
             self._behind_failed(OSError("the event loop cannot wait for writability"))
             return
         future.add_done_callback(self._behind_written)
@@ -704,18 +724,24 @@ class SocketTransport(Transport, SocketStream):
             except Exception as exc:  # (never out of the system task)
                 self._behind_failed(exc)
             finally:
+                if index < count and self._behind_error is None:  # (cancelled: the run ends)
+                    self._behind_failed(OSError("the queued sends were not all written"))
                 self._writing_behind = None
                 done.set()
 
         return write_rest
 
-    async def _after_behind(self, buffers: Sequence[Buffer]) -> list[Any]:
-        """The buffers of a send that must go after the queue: the queue's own
-        first (after the rest of an earlier queue is written, which the send
-        waits for)."""
+    async def _send_after_behind(self, buffers: Sequence[Buffer]) -> bool:
+        """:meth:`send_all` behind the queue: after the rest of an earlier queue is
+        written (the send waits for it), the queue's buffers go first, in the
+        same write. If the send fails or is cancelled before any byte of it was
+        written, the queue is put back (its messages were reported sent)."""
         writing = self._writing_behind
         if writing is not None:
-            await writing()
+            try:
+                await writing()
+            except OSError as exc:  # (asyncio: the writable callback's failure)
+                self._behind_failed(exc)
         error = self._behind_error
         if error is not None:
             self._send_interrupted = True
@@ -724,11 +750,17 @@ class SocketTransport(Transport, SocketStream):
             raise BrokenResourceError(f"connection failed: {error!r}") from error
         if self._closed:
             raise ClosedResourceError
-        behind: list[Any] = self._behind
+        queue: list[Any] = self._behind
+        if not queue:
+            return await self.send_all(buffers)
         self._behind = []
         self._behind_size = 0
-        behind += buffers
-        return behind
+        try:
+            return await self.send_all([*queue, *buffers])
+        except BaseException:
+            if not self._send_interrupted and not self._closed:
+                self._requeue(queue)
+            raise
 
     async def send_eof(self) -> None:
         # The cancellation point comes first: once the FIN is out, returning
@@ -817,7 +849,7 @@ class SocketTransport(Transport, SocketStream):
                 scope.deadline = anyio.current_time() + FLUSH_ON_CLOSE_TIMEOUT
                 try:
                     await self.send_all(())
-                except (BrokenResourceError, ClosedResourceError):
+                except (OSError, BrokenResourceError, ClosedResourceError):
                     pass
         self.abort()
         await anyio.lowlevel.cancel_shielded_checkpoint()

@@ -4,9 +4,10 @@ A stream of small messages costs a system call per message when every send
 writes at once (on loopback about 5 us of kernel time each, more than the rest
 of the send). A transport that supports it
 (:meth:`~anyio_comm._transports.base.Transport.send_later`) instead queues a
-send made while its task runs on without yielding, and writes the queue in one
-gather write: at the next send that writes (the comm's yielding send, every
-``YIELD_EVERY`` operations), or else within the event loop's next pass. Only
+send the comm makes while a stream flows (its previous operation did not wait
+for the peer), and writes the queue in one gather write: with the next send
+that writes, or else within the event loop's next pass (which the comm's yield
+every ``YIELD_EVERY`` operations provides). Only
 bytes the transport owns are queued (never a caller's out-of-band buffer),
 at most :data:`BEHIND_LIMIT` of them.
 
@@ -125,13 +126,17 @@ class TrioFlusher:
 _FLUSHER: RunVar[TrioFlusher] = RunVar("anyio_comm.trio_flusher")
 
 
-def trio_flusher(trio_lowlevel: ModuleType) -> TrioFlusher:
+def trio_flusher(trio_lowlevel: ModuleType) -> TrioFlusher | None:
     """Return this trio run's flusher, started if there is none (or it ended),
-    and attached: call its :meth:`~TrioFlusher.detach` once done with it."""
+    and attached: call its :meth:`~TrioFlusher.detach` once done with it.
+    ``None`` when none can start (the run is ending)."""
     flusher = _FLUSHER.get(None)
     if flusher is None or flusher.dead:
         flusher = TrioFlusher(trio_lowlevel)
-        trio_lowlevel.spawn_system_task(flusher.run, name="anyio_comm write-behind")
+        try:
+            trio_lowlevel.spawn_system_task(flusher.run, name="anyio_comm write-behind")
+        except RuntimeError:  # (the system nursery is closed)
+            return None
         _FLUSHER.set(flusher)
     flusher.attach()
     return flusher
