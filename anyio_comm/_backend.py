@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 from anyio.lowlevel import current_token
 
-from ._cancellation import asyncio_check
+from ._cancellation import asyncio_cancel_due, asyncio_check, trio_cancel_due
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -48,16 +48,25 @@ class Backend:
             ``checkpoint_if_cancelled()``: trio's, or on asyncio AnyIO's
             in effect (:func:`~anyio_comm._cancellation.asyncio_check`: it
             reads AnyIO's cancel scopes directly, at a third of the cost).
+        cancel_due: a predicate telling whether ``checkpoint_if_cancelled()``
+            would raise in the calling task now, for hot paths that await it
+            only then (where the backend's layout is not the one it reads, it
+            always answers True: await the check and let it answer).
     """
 
     loop: asyncio.AbstractEventLoop | None
     trio: ModuleType | None
     checkpoint_if_cancelled: Callable[[], Awaitable[None]]
+    cancel_due: Callable[[], bool]
 
     @property
     def name(self) -> str:
         """``"asyncio"`` or ``"trio"``."""
         return "trio" if self.trio is not None else "asyncio"
+
+
+def _always() -> bool:
+    return True
 
 
 def _library() -> str:
@@ -89,6 +98,7 @@ def current_backend() -> Backend:
             loop=loop,
             trio=None,
             checkpoint_if_cancelled=asyncio_check(loop, backend_class.checkpoint_if_cancelled),
+            cancel_due=asyncio_cancel_due(loop) or _always,
         )
     if library == "trio":
         import trio.lowlevel  # only ever imported under trio
@@ -97,5 +107,6 @@ def current_backend() -> Backend:
             loop=None,
             trio=trio.lowlevel,
             checkpoint_if_cancelled=trio.lowlevel.checkpoint_if_cancelled,
+            cancel_due=trio_cancel_due() or _always,
         )
     raise RuntimeError(f"anyio-comm runs on asyncio and trio, not on {library!r}")

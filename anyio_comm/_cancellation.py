@@ -15,6 +15,12 @@ scopes' attributes behind their properties. Its answer is AnyIO's: a cancelled
 scope between the task and the first shielded one makes it yield, and AnyIO
 delivers the cancellation there. Where AnyIO's layout is not the one this
 reads (a release that renamed it), it returns AnyIO's own check instead.
+
+The comm's hot paths go one step further and ask a plain predicate first
+(:func:`asyncio_cancel_due`, and :func:`trio_cancel_due` for trio's own check,
+which reads the task's cancel status as ``checkpoint_if_cancelled()`` does):
+only when it answers yes do they await the check, which then yields and raises.
+That spares a coroutine per message at each end (0.15 us of 0.23 on trio).
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ from weakref import ref
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-__all__ = ["asyncio_check"]
+__all__ = ["asyncio_cancel_due", "asyncio_check", "trio_cancel_due"]
 
 
 @cache
@@ -59,32 +65,87 @@ def _current_task_of(loop: asyncio.AbstractEventLoop) -> Callable[[], Any]:
     return partial(asyncio.current_task, loop)
 
 
+def asyncio_cancel_due(loop: asyncio.AbstractEventLoop) -> Callable[[], bool] | None:
+    """A predicate telling whether AnyIO would deliver a cancellation to the
+    calling task of ``loop`` at a checkpoint now (a cancelled scope between the
+    task and the first shielded one); None where AnyIO's layout is not the one
+    it reads."""
+    backend = _anyio_layout()
+    if backend is None:
+        return None
+    states = backend._task_states.data
+    current_task = _current_task_of(loop)
+
+    def cancel_due() -> bool:
+        task = current_task()
+        if task is None:
+            return False
+        state = states.get(ref(task))
+        if state is None:
+            return False  # a task AnyIO does not know: no scope of AnyIO's holds it
+        scope = state.cancel_scope
+        while scope is not None:
+            if scope._cancel_called:
+                return True
+            if scope._shield:
+                return False
+            scope = scope._parent_scope
+        return False
+
+    return cancel_due
+
+
 def asyncio_check(
     loop: asyncio.AbstractEventLoop, anyio_check: Callable[[], Awaitable[None]]
 ) -> Callable[[], Awaitable[None]]:
     """The cancellation check for tasks of ``loop``: ``anyio_check`` (AnyIO's
     ``checkpoint_if_cancelled``) in effect, at a third of its cost."""
-    backend = _anyio_layout()
-    if backend is None:
+    cancel_due = asyncio_cancel_due(loop)
+    if cancel_due is None:
         return anyio_check
-    states = backend._task_states.data
-    current_task = _current_task_of(loop)
     sleep = asyncio.sleep
 
     async def checkpoint_if_cancelled() -> None:
-        task = current_task()
-        if task is None:
-            return
-        state = states.get(ref(task))
-        if state is None:
-            return
-        scope = state.cancel_scope
-        while scope is not None:
-            if scope._cancel_called:
-                await sleep(0)  # AnyIO delivers the cancellation here
-            elif scope._shield:
-                return
-            else:
-                scope = scope._parent_scope
+        if cancel_due():
+            await sleep(0)  # AnyIO delivers the cancellation here
 
     return checkpoint_if_cancelled
+
+
+@cache
+def _trio_layout() -> Any | None:
+    """trio's ``lowlevel`` module, if its tasks are laid out as
+    :func:`trio_cancel_due` reads them; else None."""
+    try:
+        import trio.lowlevel
+        from trio._core import _run
+    except ImportError:
+        return None
+    layout = (
+        (trio.lowlevel.Task, ("_cancel_status", "_runner")),
+        (_run.CancelStatus, ("effectively_cancelled",)),
+        (_run.Runner, ("ki_pending", "main_task")),
+    )
+    if all(hasattr(cls, name) for cls, names in layout for name in names):
+        return trio.lowlevel
+    return None
+
+
+def trio_cancel_due() -> Callable[[], bool] | None:
+    """A predicate telling whether trio's ``checkpoint_if_cancelled()`` would
+    raise in the calling task now (its cancel status, or a KeyboardInterrupt
+    pending for the main task), without the coroutine; None where trio's
+    layout is not the one it reads. Call it from a trio task."""
+    lowlevel = _trio_layout()
+    if lowlevel is None:
+        return None
+    current_task = lowlevel.current_task
+
+    def cancel_due() -> bool:
+        task: Any = current_task()
+        if task._cancel_status.effectively_cancelled:
+            return True
+        runner = task._runner
+        return bool(runner.ki_pending) and task is runner.main_task
+
+    return cancel_due

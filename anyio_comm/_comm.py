@@ -262,6 +262,7 @@ class Comm(ObjectStream[Any]):
     """
 
     __slots__ = (
+        "_cancel_due",
         "_check_cancelled",
         "_conn",
         "_error",
@@ -309,6 +310,8 @@ class Comm(ObjectStream[Any]):
         # called directly: AnyIO's wrappers look up the backend on every call).
         self._trio = backend.trio
         self._check_cancelled = backend.checkpoint_if_cancelled
+        # Asked first: the check is awaited only when a cancellation is due.
+        self._cancel_due = backend.cancel_due
         self._receive_guard = ConflictDetector("receiving from")
         self._send_guard = ConflictDetector("sending to")
         # The operations completed since the last yield to the event loop: the
@@ -452,6 +455,27 @@ class Comm(ObjectStream[Any]):
         del frames  # (the message goes before the close record does)
         await self._refuse(error)
 
+    async def __anext__(self) -> Any:
+        """The next message of ``async for``: as :meth:`receive`, and the end of
+        the loop where it raises :exc:`anyio.EndOfStream` (written out rather
+        than calling it: a coroutine frame less per message).
+
+        Raises:
+            StopAsyncIteration: where :meth:`receive` raises
+                :exc:`anyio.EndOfStream`.
+            Exception: what else :meth:`receive` raises.
+        """
+        try:
+            frames = await self.receive_frames()
+        except EndOfStream:
+            raise StopAsyncIteration from None
+        try:
+            return self._serializer.loads(frames)
+        except RemoteProtocolError as exc:
+            error = exc.with_traceback(None)
+        del frames
+        await self._refuse(error)
+
     async def _refuse(self, error: RemoteProtocolError) -> NoReturn:
         """Close the connection for a message whose body cannot be decoded (its
         frames already dropped: the error must not keep them), and raise ``error``.
@@ -584,7 +608,7 @@ class Comm(ObjectStream[Any]):
                         # the way costs each wake-up.
                         hook = self._hook
                         while True:
-                            if receiver.check_before_wait:
+                            if receiver.check_before_wait and self._cancel_due():
                                 await self._check_cancelled()
                             if hook is not None:
                                 if hook.callback is not None and hook.stop_if_idle(receiver):
@@ -648,7 +672,8 @@ class Comm(ObjectStream[Any]):
                         await self._trio.checkpoint()
                     self._unyielded = 0
                 else:
-                    await self._check_cancelled()
+                    if self._cancel_due():
+                        await self._check_cancelled()
                     self._unyielded += 1
             except BaseException:
                 self._pending = frames
@@ -801,7 +826,8 @@ class Comm(ObjectStream[Any]):
                     await self._trio.checkpoint()
                 self._unyielded = 0
             else:
-                await self._check_cancelled()
+                if self._cancel_due():
+                    await self._check_cancelled()
                 self._unyielded += 1
             self._waited = False
         finally:
@@ -855,11 +881,9 @@ class Comm(ObjectStream[Any]):
             # The write, here rather than in a helper: a coroutine frame per send.
             trio_lowlevel = self._trio
             yield_due = self._unyielded >= _YIELD_AFTER
-            if trio_lowlevel is not None:
-                await trio_lowlevel.checkpoint_if_cancelled()
-            elif yield_due:
+            if trio_lowlevel is None and yield_due:
                 await asyncio.sleep(0)
-            else:
+            elif self._cancel_due():
                 await self._check_cancelled()
             transport = self._transport
             if (

@@ -444,6 +444,27 @@ async def test_async_iteration_ends_on_close(kind: str) -> None:
         assert [m async for m in server] == [0, 1, 2]
 
 
+async def test_async_iteration_ends_on_eof_and_raises_what_receive_raises(kind: str) -> None:
+    """``async for`` ends where receive() raises EndOfStream (the peer's EOF) and
+    raises everything else receive() raises: a body that is not msgpack."""
+    async with connected_pair(kind) as (client, server):
+        await client.send("a")
+        await client.send_eof()
+        with anyio.fail_after(10):
+            assert [m async for m in server] == ["a"]
+            assert [m async for m in server] == []  # (the end, again)
+    async with connected_pair(kind) as (client, server):
+        await client.send("a")
+        await client.send_frames([b"\xc1 not msgpack"])
+        received = []
+        with anyio.fail_after(10), pytest.raises(RemoteProtocolError):
+            async for m in server:
+                received.append(m)
+        assert received == ["a"]
+        with pytest.raises(BrokenResourceError):
+            await server.__anext__()
+
+
 async def test_addresses_and_attributes(kind: str) -> None:
     async with connected_pair(kind) as (client, server):
         assert "://" in client.local_address and "://" in client.peer_address

@@ -300,6 +300,38 @@ def test_the_push_engine_stops_reading_when_the_task_leaves_a_large_frame(
     assert receiver.mode is PushMode.LOOP_READS  # the message is complete
 
 
+def test_a_flood_refilling_the_queue_changes_no_registration(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Under a flood, the receive that takes a full queue down to a quarter reads
+    (and fills the queue) itself, and registers the callback again only when
+    its read found the socket empty: no stop and start per refill."""
+    receiver, transport = scripted_push_receiver(loop)
+    sender = Pair().a
+    small = joined(sender.send_message([memoryview(b"m")]))
+    refills = 3
+    total = MAX_QUEUED_MESSAGES + refills * (MAX_QUEUED_MESSAGES - RESUME_MESSAGES)
+    transport.script.extend([small * total, None])
+    transport.fire()
+    assert receiver.mode is PushMode.QUEUE_FULL
+    transport.fire()  # readable again while full: the registration dropped, once
+    assert transport.log[-2:] == ["callback", "stop"]
+    mark = len(transport.log)
+    taken = 0
+    while taken < total - MAX_QUEUED_MESSAGES:  # (the last refill took the rest)
+        assert receiver.receive_nowait() is not None
+        taken += 1
+    # every refill came from what the connection held: no read, no registration
+    assert receiver.mode is PushMode.QUEUE_FULL
+    assert transport.log[mark:] == []
+    while receiver.mode is PushMode.QUEUE_FULL:
+        assert receiver.receive_nowait() is not None
+    # the queue went down to a quarter with the connection empty: the socket is
+    # read, found empty, and only then is the callback registered again
+    assert transport.log[mark:] == ["readable", "eagain", "start"]
+    assert receiver.mode is PushMode.LOOP_READS
+
+
 def test_the_push_engine_modes_for_a_full_queue_the_end_and_close(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
@@ -322,10 +354,11 @@ def test_the_push_engine_modes_for_a_full_queue_the_end_and_close(
         if receiver.mode is PushMode.QUEUE_FULL:
             assert transport.log[-1] == "stop"  # no read, no registration meanwhile
     # down to a quarter: the message left in the connection is decoded, the
-    # socket read again (the script's last step is the end)
+    # socket read again (the script's last step is the end): no registration
+    # for a stream that ended
     assert taken == MAX_QUEUED_MESSAGES - RESUME_MESSAGES
     assert receiver.mode is PushMode.ENDED
-    assert transport.log[-3:] == ["start", "readable", "read"]
+    assert transport.log[-3:] == ["stop", "readable", "read"]
     for _ in range(count - taken):
         assert receiver.receive_nowait() is not None
     assert receiver.ended

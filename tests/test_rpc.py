@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextvars
 import math
 import random
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -734,7 +734,9 @@ async def test_calls_cancelled_while_queued_make_room() -> None:
                 tg.start_soon(client.call, "slow", "busy", 0.5)
                 await methods.started.setdefault("busy", anyio.Event()).wait()
                 for _ in range(6):
-                    with anyio.move_on_after(0.02):
+                    # (the server may answer at the deadline before the caller's
+                    # own timer fires: either way the call leaves the queue)
+                    with anyio.move_on_after(0.02), suppress(rpc.DeadlineExceededError):
                         await client.call("add", 1, 1)
                 assert await client.call("add", 2, 2) == 4  # waited, not rejected
 

@@ -51,6 +51,8 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Final, final
 
+from .frames import PackedFrames
+
 if TYPE_CHECKING:
     from collections.abc import Callable
 
@@ -87,9 +89,13 @@ def message_cost(nbytes: int, frames: int) -> int:
 
 def frames_cost(frames: Frames) -> int:
     """:func:`message_cost` of a decoded message."""
-    if isinstance(frames, list):
-        return message_cost(sum(map(len, frames)), len(frames))  # flat views: len() is the size
-    return message_cost(frames.nbytes, len(frames))
+    # (called for every message a push receiver queues: the one-frame case first,
+    # with no call of message_cost, at a third of the general path's cost)
+    if type(frames) is PackedFrames:  # (exact: isinstance() of an ABC costs more)
+        return message_cost(frames.nbytes, len(frames))
+    if len(frames) == 1:
+        return len(frames[0]) + FRAME_COST  # flat views: len() is the size
+    return sum(map(len, frames)) + FRAME_COST * len(frames)
 
 
 @final

@@ -153,6 +153,14 @@ class Serializer:
                 maps deep (or deeper than Python's recursion limit allows), or
                 an integer does not fit in 64 bits.
         """
+        cls = type(message)
+        if (cls is bytes and len(message) < self._oob_threshold) or cls in _LEAF_TYPES:
+            # A small message of one value (a stream's usual payload): nothing
+            # to extract. Failures are described by the general path below.
+            try:
+                return [memoryview(self._pack(message))]
+            except Exception:
+                pass
         oob: list[memoryview] = []
         try:
             prepared = self._extract(message, oob)
@@ -296,7 +304,23 @@ class Serializer:
                 out of range, pickled data while pickle is not enabled, or a
                 pickled object that cannot be unpickled.
         """
-        if not frames:
+        if len(frames) == 1:
+            # The common small message: a body alone, with nothing out-of-band and
+            # so nothing to unpickle. A body this refuses is decoded again below,
+            # which says why.
+            body = frames[0]
+            if len(body) < CHUNKED_BODY:
+                try:
+                    return msgpack.unpackb(
+                        body,
+                        ext_hook=self._ext_hook_no_oob,
+                        raw=False,
+                        strict_map_key=True,
+                        timestamp=0,
+                    )
+                except Exception:
+                    pass
+        elif not frames:
             raise RemoteProtocolError("message has no body frame")
         pending: list[_Pickled] = []
         if len(frames) == 1:

@@ -1,0 +1,92 @@
+"""The comm's cancellation predicate (``Backend.cancel_due``) answers as the
+backend's ``checkpoint_if_cancelled()`` does, on every backend, in every
+arrangement of cancel scopes; where the backend's layout is not the one it
+reads, it always answers yes (and the comm awaits the check itself)."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+from anyio import CancelScope, get_cancelled_exc_class
+from anyio.lowlevel import checkpoint_if_cancelled
+
+from anyio_comm import _backend, _cancellation
+from anyio_comm._backend import current_backend
+
+pytestmark = pytest.mark.anyio
+
+#: innermost last: ``c`` a cancelled scope, ``s`` a shielded one, ``p`` a plain one
+ARRANGEMENTS = ["", "p", "c", "pc", "cp", "cs", "sc", "csp", "cps", "pcsp", "scp", "ppp"]
+
+
+async def answers(arrange: str) -> tuple[bool, bool]:
+    """Inside the scopes ``arrange`` names: what the predicate said, and whether
+    ``checkpoint_if_cancelled()`` then raised."""
+    cancel_due = current_backend().cancel_due
+    said: list[bool] = []
+    raised: list[bool] = []
+
+    async def nest(rest: str) -> None:
+        if not rest:
+            said.append(cancel_due())
+            try:
+                await checkpoint_if_cancelled()
+            except get_cancelled_exc_class():
+                raised.append(True)
+                raise
+            raised.append(False)
+            return
+        kind, rest = rest[0], rest[1:]
+        with CancelScope(shield=kind == "s") as scope:
+            if kind == "c":
+                scope.cancel()
+            await nest(rest)
+
+    await nest(arrange)
+    return said[0], raised[0]
+
+
+@pytest.mark.parametrize("arrange", ARRANGEMENTS)
+async def test_it_answers_as_the_check_raises(arrange: str) -> None:
+    said, raised = await answers(arrange)
+    assert said is raised
+    assert raised is ("c" in arrange.split("s")[-1])  # cancelled inside the last shield
+
+
+async def test_a_passed_deadline_is_due() -> None:
+    cancel_due = current_backend().cancel_due
+    with anyio.move_on_after(0) as scope:
+        assert cancel_due()
+        await checkpoint_if_cancelled()
+    assert scope.cancelled_caught
+    with anyio.move_on_after(60):
+        assert not cancel_due()
+        await checkpoint_if_cancelled()
+
+
+async def test_the_comm_paths_read_the_layout(anyio_backend_name: str) -> None:
+    """The predicate is the fast one on the layouts of today's AnyIO and trio
+    (not the fallback that always answers yes)."""
+    assert current_backend().cancel_due is not _backend._always
+
+
+async def test_an_unknown_layout_always_answers_yes(
+    anyio_backend_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if anyio_backend_name == "trio":
+        from trio._core import _run
+
+        monkeypatch.delattr(_run.Runner, "ki_pending")
+        _cancellation._trio_layout.cache_clear()
+    else:
+        from anyio._backends import _asyncio as backend
+
+        monkeypatch.setattr(backend, "_task_states", object())
+        _cancellation._anyio_layout.cache_clear()
+    try:
+        assert current_backend().cancel_due is _backend._always
+    finally:
+        monkeypatch.undo()
+        _cancellation._trio_layout.cache_clear()
+        _cancellation._anyio_layout.cache_clear()
+    assert current_backend().cancel_due is not _backend._always
