@@ -21,7 +21,7 @@ from .certs import client_context, server_context
 from .conftest import HAVE_IPV6, HAVE_UNIX
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable
 
 #: every way to get a connected pair of comms
 TRANSPORTS = [
@@ -134,3 +134,19 @@ def open_fds() -> int:
 
 def running_tasks() -> int:
     return len(anyio.get_running_tasks())
+
+
+#: cancel scope arrangements for :func:`in_scopes`
+SCOPE_ARRANGEMENTS = ["", "p", "c", "pc", "cp", "cs", "sc", "csp", "cps", "pcsp", "scp", "ppp"]
+
+
+async def in_scopes(arrange: str, body: Callable[[], Awaitable[None]]) -> None:
+    """Await ``body()`` inside the cancel scopes ``arrange`` names, innermost
+    last: ``c`` a cancelled scope, ``s`` a shielded one, ``p`` a plain one."""
+    if not arrange:
+        await body()
+        return
+    with anyio.CancelScope(shield=arrange[0] == "s") as scope:
+        if arrange[0] == "c":
+            scope.cancel()
+        await in_scopes(arrange[1:], body)

@@ -7,46 +7,38 @@ from __future__ import annotations
 
 import anyio
 import pytest
-from anyio import CancelScope, get_cancelled_exc_class
+from anyio import get_cancelled_exc_class
 from anyio.lowlevel import checkpoint_if_cancelled
 
 from anyio_comm import _backend, _cancellation
 from anyio_comm._backend import current_backend
 
-pytestmark = pytest.mark.anyio
+from .helpers import SCOPE_ARRANGEMENTS, in_scopes
 
-#: innermost last: ``c`` a cancelled scope, ``s`` a shielded one, ``p`` a plain one
-ARRANGEMENTS = ["", "p", "c", "pc", "cp", "cs", "sc", "csp", "cps", "pcsp", "scp", "ppp"]
+pytestmark = pytest.mark.anyio
 
 
 async def answers(arrange: str) -> tuple[bool, bool]:
-    """Inside the scopes ``arrange`` names: what the predicate said, and whether
-    ``checkpoint_if_cancelled()`` then raised."""
+    """Inside the scopes ``arrange`` names (see ``in_scopes``): what the predicate
+    said, and whether ``checkpoint_if_cancelled()`` then raised."""
     cancel_due = current_backend().cancel_due
     said: list[bool] = []
     raised: list[bool] = []
 
-    async def nest(rest: str) -> None:
-        if not rest:
-            said.append(cancel_due())
-            try:
-                await checkpoint_if_cancelled()
-            except get_cancelled_exc_class():
-                raised.append(True)
-                raise
-            raised.append(False)
-            return
-        kind, rest = rest[0], rest[1:]
-        with CancelScope(shield=kind == "s") as scope:
-            if kind == "c":
-                scope.cancel()
-            await nest(rest)
+    async def body() -> None:
+        said.append(cancel_due())
+        try:
+            await checkpoint_if_cancelled()
+        except get_cancelled_exc_class():
+            raised.append(True)
+            raise
+        raised.append(False)
 
-    await nest(arrange)
+    await in_scopes(arrange, body)
     return said[0], raised[0]
 
 
-@pytest.mark.parametrize("arrange", ARRANGEMENTS)
+@pytest.mark.parametrize("arrange", SCOPE_ARRANGEMENTS)
 async def test_it_answers_as_the_check_raises(arrange: str) -> None:
     said, raised = await answers(arrange)
     assert said is raised

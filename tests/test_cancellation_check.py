@@ -15,6 +15,8 @@ from anyio_comm import _cancellation
 from anyio_comm._backend import current_backend
 from anyio_comm._cancellation import asyncio_check
 
+from .helpers import SCOPE_ARRANGEMENTS, in_scopes
+
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
@@ -34,34 +36,23 @@ def fast_check() -> Callable[[], Awaitable[None]]:
 
 
 async def raises(check: Callable[[], Awaitable[None]], arrange: str) -> bool:
-    """Run ``check`` inside the scopes ``arrange`` names, innermost last:
-    ``c`` a cancelled scope, ``s`` a shielded one, ``p`` a plain one; True if
-    the check raised the cancellation."""
+    """Run ``check`` inside the scopes ``arrange`` names (see ``in_scopes``);
+    True if it raised the cancellation."""
     caught: list[bool] = []
 
-    async def nest(rest: str) -> None:
-        if not rest:
-            try:
-                await check()
-            except get_cancelled_exc_class():
-                caught.append(True)
-                raise
-            caught.append(False)
-            return
-        kind, rest = rest[0], rest[1:]
-        with CancelScope(shield=kind == "s") as scope:
-            if kind == "c":
-                scope.cancel()
-            await nest(rest)
+    async def body() -> None:
+        try:
+            await check()
+        except get_cancelled_exc_class():
+            caught.append(True)
+            raise
+        caught.append(False)
 
-    await nest(arrange)
+    await in_scopes(arrange, body)
     return caught == [True]
 
 
-ARRANGEMENTS = ["", "p", "c", "pc", "cp", "cs", "sc", "csp", "cps", "pcsp", "scp", "ppp"]
-
-
-@pytest.mark.parametrize("arrange", ARRANGEMENTS)
+@pytest.mark.parametrize("arrange", SCOPE_ARRANGEMENTS)
 async def test_it_raises_where_anyio_raises(arrange: str) -> None:
     expected = await raises(checkpoint_if_cancelled, arrange)
     assert await raises(fast_check(), arrange) is expected
