@@ -981,7 +981,9 @@ class Comm(ObjectStream[Any]):
         """Close the connection. Idempotent; tasks blocked in :meth:`receive`
         or :meth:`send` get :exc:`anyio.ClosedResourceError`. Messages
         :meth:`send` queued to write behind (over ``tcp://`` and ``unix://``)
-        are written first, within 1 second, even when the caller is cancelled.
+        are written first, within 1 second, even when the caller is cancelled;
+        a failure of that write is not reported (call :meth:`send_eof` first,
+        which raises it, to know).
 
         Args:
             reason: tell the peer why, in a close record, before closing: when

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import socket
 import ssl
 import tempfile
 from contextlib import asynccontextmanager
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
+from anyio.abc import SocketAttribute
 
 import anyio_comm
 from anyio_comm import Comm
@@ -150,3 +152,13 @@ async def in_scopes(arrange: str, body: Callable[[], Awaitable[None]]) -> None:
         if arrange[0] == "c":
             scope.cancel()
         await in_scopes(arrange[1:], body)
+
+
+def shrink_socket_buffers(
+    client: anyio_comm.Comm, server: anyio_comm.Comm, size: int = 32768
+) -> None:
+    """Small kernel buffers between ``client`` and ``server`` (``size`` bytes
+    each way), so that a producer blocks after a few hundred KB at most instead
+    of megabytes."""
+    client.extra(SocketAttribute.raw_socket).setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+    server.extra(SocketAttribute.raw_socket).setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)

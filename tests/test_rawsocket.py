@@ -27,7 +27,7 @@ from anyio_comm._sansio.connection import ReceiveStatus
 from anyio_comm._transports.rawsocket import IOV_MAX, SocketTransport, _LoopReader
 
 from .certs import client_context, server_context
-from .helpers import connected_pair
+from .helpers import connected_pair, shrink_socket_buffers
 
 TASK_MODES = (PushMode.TASK_READS, PushMode.TASK_YIELD_DUE, PushMode.TASK_YIELDING)
 
@@ -86,13 +86,6 @@ async def test_receive_engine_per_backend_and_transport(
         for comm in (client, server):
             expected = PushReceiver if push else PullReceiver
             assert type(comm._receiver) is expected  # type: ignore[attr-defined]
-
-
-def shrink_socket_buffers(client: anyio_comm.Comm, server: anyio_comm.Comm) -> None:
-    """Small kernel buffers between ``client`` and ``server``, so that a producer
-    blocks after a few hundred KB instead of megabytes."""
-    client.extra(SocketAttribute.raw_socket).setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 32768)
-    server.extra(SocketAttribute.raw_socket).setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 32768)
 
 
 @pytest.mark.parametrize("kind", ["tcp", "tls1.3"])

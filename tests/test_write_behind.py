@@ -19,7 +19,7 @@ from anyio_comm._comm import YIELD_EVERY
 from anyio_comm._transports.rawsocket import SocketTransport
 from anyio_comm._transports.write_behind import BEHIND_LIMIT
 
-from .helpers import TRANSPORTS, connected_pair
+from .helpers import TRANSPORTS, connected_pair, shrink_socket_buffers
 
 pytestmark = [pytest.mark.anyio]
 
@@ -206,6 +206,35 @@ async def test_send_eof_writes_the_queued_sends_first(kind: str) -> None:
         await client.send_eof()  # (a no-op the second time)
 
 
+class FailingSocket(socket.socket):
+    """A socket whose writes fail as on a reset connection (swapped in as the
+    class of a live one)."""
+
+    __slots__ = ()
+
+    def send(self, *args: Any) -> int:
+        raise ConnectionResetError("reset by the test")
+
+    def sendmsg(self, *args: Any) -> int:
+        raise ConnectionResetError("reset by the test")
+
+
+@pytest.mark.parametrize("kind", SOCKETS)
+async def test_send_eof_raises_a_failure_of_the_queued_sends(kind: str) -> None:
+    """What ``aclose()`` cannot report, ``send_eof()`` does: a queued write that
+    failed (the messages' guide, "Streams of small messages")."""
+    async with connected_pair(kind) as (client, _server):
+        await client.send(0)  # (the first send of a connection writes at once)
+        raw = client.extra(SocketAttribute.raw_socket)
+        raw.__class__ = FailingSocket
+        try:
+            await client.send(1)  # queued: it returns, nothing raised yet
+            with anyio.fail_after(10), pytest.raises(BrokenResourceError):
+                await client.send_eof()
+        finally:
+            raw.__class__ = socket.socket
+
+
 @pytest.mark.parametrize("kind", TRANSPORTS)
 async def test_a_failed_write_is_reported_by_a_later_send(kind: str) -> None:
     async with connected_pair(kind) as (client, server):
@@ -226,11 +255,7 @@ async def test_a_queue_the_socket_cannot_take_is_written_as_the_peer_reads(kind:
     """A peer that stops reading fills the socket: the queued writes wait for it
     and so does the sender (backpressure), and everything arrives in order."""
     async with connected_pair(kind) as (client, server):
-        raw = client.extra(SocketAttribute.raw_socket)
-        raw.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 16384)
-        server.extra(SocketAttribute.raw_socket).setsockopt(
-            socket.SOL_SOCKET, socket.SO_RCVBUF, 16384
-        )
+        shrink_socket_buffers(client, server, 16384)
         count = 1000
         sent = 0
         got: list[Any] = []

@@ -221,6 +221,30 @@ def _send_once(sock: socket.socket, pending: list[Any], first: int) -> tuple[int
     return sent, first, first < offered
 
 
+def _send_until_full(sock: socket.socket, pending: list[Any], first: int) -> tuple[int, int]:
+    """Send ``pending[first:]`` until all of it is sent or the socket takes
+    nothing more (on, even after a send that came up short: for a callback of the
+    event loop, that costs the peer no wake-up of a task, and waiting for the
+    next callback measured within noise).
+
+    Returns:
+        The bytes sent, and the index of the first buffer not sent whole
+        (``len(pending)`` when all was sent).
+
+    Raises:
+        OSError: a send failed (what was sent before it is lost to the caller).
+    """
+    total = 0
+    count = len(pending)
+    try:
+        while first < count:
+            sent, first, _ = _send_once(sock, pending, first)
+            total += sent
+    except BlockingIOError:
+        pass
+    return total, first
+
+
 def _advance(pending: list[Any], first: int, sent: int) -> int:
     """Drop the ``sent`` bytes a send took from ``pending[first:]`` (a partly sent
     buffer becomes a view of its rest); return the index of the first unsent buffer."""
@@ -284,21 +308,15 @@ class _LoopWriter:
             self.stop()
             return
         pending = self._pending
-        first = self._first
-        count = len(pending)
         try:
-            while first < count:
-                # (on until EAGAIN, even after a send that came up short: here
-                # that costs the peer no wake-up of a task; waiting for the next
-                # callback measured within noise)
-                sent, first, _ = _send_once(sock, pending, first)
-                self.progress += sent
-        except BlockingIOError:
-            self._first = first
-            return
+            sent, first = _send_until_full(sock, pending, self._first)
         except OSError as exc:
             self.stop()
             future.set_exception(exc)
+            return
+        self.progress += sent
+        if first < len(pending):
+            self._first = first
             return
         self.stop()
         future.set_result(None)
@@ -656,16 +674,12 @@ class SocketTransport(Transport, SocketStream):
             return None
         self._behind = []
         self._behind_size = 0
-        first = 0
-        count = len(pending)
         try:
-            while first < count:
-                _, first, _ = _send_once(self._sock, pending, first)
-        except BlockingIOError:
-            return pending, first
+            _, first = _send_until_full(self._sock, pending, 0)
         except OSError as exc:
             self._behind_failed(exc)
-        return None
+            return None
+        return (pending, first) if first < len(pending) else None
 
     def _behind_failed(self, exc: Exception) -> None:
         """A queued write failed: messages the caller was told were sent are lost,
@@ -714,15 +728,13 @@ class SocketTransport(Transport, SocketStream):
             index = first
             try:
                 while index < count:
-                    await trio.lowlevel.wait_writable(sock)
-                    if self._closed:
-                        return
+                    await self._wait(readable=False)  # (ClosedResourceError once closed)
                     try:
                         _, index, _ = _send_once(sock, pending, index)
                     except BlockingIOError:
                         continue
             except Exception as exc:  # (never out of the system task)
-                self._behind_failed(exc)
+                self._behind_failed(exc)  # (nothing once closed)
             finally:
                 if index < count and self._behind_error is None:  # (cancelled: the run ends)
                     self._behind_failed(OSError("the queued sends were not all written"))
