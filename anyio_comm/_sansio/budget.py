@@ -89,8 +89,8 @@ def message_cost(nbytes: int, frames: int) -> int:
 
 def frames_cost(frames: Frames) -> int:
     """:func:`message_cost` of a decoded message."""
-    # (called for every message a push receiver queues: the one-frame case first,
-    # with no call of message_cost, at a third of the general path's cost)
+    # (called for every message a push receiver queues: the one-frame list needs
+    # no call of message_cost, at a third of the general path's cost)
     if type(frames) is PackedFrames:  # (exact: isinstance() of an ABC costs more)
         return message_cost(frames.nbytes, len(frames))
     if len(frames) == 1:
