@@ -16,17 +16,23 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
+import anyio
 from anyio.lowlevel import current_token
 
-from ._cancellation import asyncio_cancel_due, asyncio_check, trio_cancel_due
+from ._cancellation import (
+    asyncio_cancel_due,
+    asyncio_check,
+    asyncio_effective_deadline,
+    trio_cancel_due,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
-    from types import ModuleType
+    from types import ModuleType, TracebackType
 
-__all__ = ["Backend", "current_backend"]
+__all__ = ["Backend", "CancelScopeLike", "current_backend"]
 
 try:
     import sniffio
@@ -34,6 +40,21 @@ except ImportError:  # pragma: no cover (trio, and with it sniffio, not installe
     _sniffio: ModuleType | None = None
 else:
     _sniffio = sniffio
+
+
+class CancelScopeLike(Protocol):
+    """What the package uses of a cancel scope: AnyIO's or trio's own."""
+
+    def cancel(self) -> None: ...
+
+    def __enter__(self) -> CancelScopeLike: ...
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_val: BaseException | None,
+        exc_tb: TracebackType | None,
+    ) -> bool: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,12 +73,23 @@ class Backend:
             would raise in the calling task now, for hot paths that await it
             only then (where the backend's layout is not the one it reads, it
             always answers True: await the check and let it answer).
+        cancel_scope: the class of cancel scope to open per call on hot paths:
+            trio's own on trio (AnyIO's wraps one), AnyIO's on asyncio. Takes
+            ``deadline`` as :class:`anyio.CancelScope` does.
+        current_time: the clock of :func:`anyio.current_time`, called directly.
+        effective_deadline: :func:`anyio.current_effective_deadline` for the
+            calling task: trio's own on trio; on asyncio, AnyIO's scopes read
+            directly (:func:`~anyio_comm._cancellation.asyncio_effective_deadline`)
+            where their layout is the one it reads, else AnyIO's function.
     """
 
     loop: asyncio.AbstractEventLoop | None
     trio: ModuleType | None
     checkpoint_if_cancelled: Callable[[], Awaitable[None]]
     cancel_due: Callable[[], bool]
+    cancel_scope: Callable[..., CancelScopeLike]
+    current_time: Callable[[], float]
+    effective_deadline: Callable[[], float]
 
     @property
     def name(self) -> str:
@@ -94,19 +126,26 @@ def current_backend() -> Backend:
     if library == "asyncio":
         backend_class = current_token().backend_class
         loop = asyncio.get_running_loop()
+        effective_deadline = asyncio_effective_deadline(loop) or anyio.current_effective_deadline
         return Backend(
             loop=loop,
             trio=None,
             checkpoint_if_cancelled=asyncio_check(loop, backend_class.checkpoint_if_cancelled),
             cancel_due=asyncio_cancel_due(loop) or _always,
+            cancel_scope=anyio.CancelScope,
+            current_time=loop.time,
+            effective_deadline=effective_deadline,
         )
     if library == "trio":
-        import trio.lowlevel  # only ever imported under trio
+        import trio  # only ever imported under trio
 
         return Backend(
             loop=None,
             trio=trio.lowlevel,
             checkpoint_if_cancelled=trio.lowlevel.checkpoint_if_cancelled,
             cancel_due=trio_cancel_due() or _always,
+            cancel_scope=trio.CancelScope,
+            current_time=trio.current_time,
+            effective_deadline=trio.current_effective_deadline,
         )
     raise RuntimeError(f"anyio-comm runs on asyncio and trio, not on {library!r}")

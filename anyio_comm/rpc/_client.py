@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 
+from .._backend import current_backend
 from .._compat import final
 from .._sansio.close import CloseCode, CloseReason
 from .._sansio.errors import LocalProtocolError
@@ -30,6 +31,7 @@ from ._protocol import (
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
+    from .._backend import Backend
     from .._comm import Comm
 
 __all__ = ["DEFAULT_STREAM_WINDOW", "Client", "Stream", "open_client"]
@@ -169,6 +171,8 @@ class Client:
         #: why no more calls can be made (the connection ended), once it did
         self._ended: BaseException | None = None
         self._closed = False
+        #: the event loop's primitives, looked up by the first call
+        self._backend: Backend | None = None
 
     @property
     def comm(self) -> Comm:
@@ -278,10 +282,13 @@ class Client:
         assert isinstance(outcome, BaseException)
         raise self._unavailable(method, outcome) from outcome
 
-    @staticmethod
-    def _timeout() -> float | None:
-        deadline = anyio.current_effective_deadline()
-        return None if deadline == math.inf else max(deadline - anyio.current_time(), 0.0)
+    def _timeout(self) -> float | None:
+        """What is left of the calling task's deadline (None: no deadline)."""
+        backend = self._backend
+        if backend is None:
+            backend = self._backend = current_backend()
+        deadline = backend.effective_deadline()
+        return None if deadline == math.inf else max(deadline - backend.current_time(), 0.0)
 
     async def notify(self, method: str, /, *args: Any, **kwargs: Any) -> None:
         """Send a one-way call: the server runs ``method`` and sends nothing back

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
 import anyio
 from anyio.lowlevel import checkpoint
 
+from .._backend import current_backend
 from .._comm import keep_taken, receive_with_cost
 from .._compat import final
 from .._listener import listen
@@ -75,6 +76,7 @@ if TYPE_CHECKING:
     from anyio.abc import TaskGroup
     from typing_extensions import TypeIs
 
+    from .._backend import CancelScopeLike
     from .._comm import Comm
     from .._listener import Listener
     from .._sansio.budget import BudgetAccount
@@ -232,7 +234,7 @@ class _Running:
     )
 
     def __init__(self, deadline: float = math.inf) -> None:
-        self.scope: anyio.CancelScope | None = None
+        self.scope: CancelScopeLike | None = None
         self.cancelled_by_client = False
         #: when the call's timeout passes (it runs while the call waits)
         self.deadline = deadline
@@ -306,6 +308,8 @@ class _Session:
     __slots__ = (
         "allowance",
         "budget_min",
+        "cancel_scope",
+        "clock",
         "comm",
         "dropped",
         "ended",
@@ -345,6 +349,11 @@ class _Session:
         self.expiry_wakeup: anyio.Event | None = None
         self.sequence = 0
         self.outbox = Outbox(comm, max_queued)
+        # a cancel scope per call, and the clock of its deadline: the event
+        # loop's own, without AnyIO's lookup of the backend on every call
+        backend = current_backend()
+        self.cancel_scope = backend.cancel_scope
+        self.clock = backend.current_time
         #: the calls that wait or run, by id
         self.running: dict[int, _Running] = {}
         #: the calls and notifications that wait or run
@@ -541,7 +550,7 @@ class Server:
         elif self._stopping:
             refusal = ErrorCode.UNAVAILABLE, "the server is shutting down"
         else:
-            deadline = math.inf if call.timeout is None else anyio.current_time() + call.timeout
+            deadline = math.inf if call.timeout is None else session.clock() + call.timeout
             running = _Running(deadline)
             if self._admit(session, running):
                 session.running[call.id] = running
@@ -787,9 +796,9 @@ class Server:
         try:
             if _withdrawn(running):
                 return  # cancelled while it waited in the queue
-            with anyio.CancelScope(deadline=running.deadline) as scope:
+            with session.cancel_scope(deadline=running.deadline) as scope:
                 running.scope = scope
-                if running.deadline != math.inf and anyio.current_time() >= running.deadline:
+                if running.deadline != math.inf and session.clock() >= running.deadline:
                     await checkpoint()  # its deadline passed in the queue: cancelled here
                 await self._take_slot(session, running)
                 self._uncharge(session, running)  # its arguments are the handler's now
