@@ -53,7 +53,8 @@ stream.
 * writing behind: a send whose message is small and the comm's own bytes (no
   out-of-band buffer of the caller), made when the comm's previous operation
   did not wait for the peer, is queued by a socket transport instead of
-  written (``Transport.send_later``): the next send that writes writes the
+  written (``Transport.send_later``; over TLS, its ciphertext, encrypted at
+  once): the next send that writes writes the
   queue with its own message in one gather write, or else the event loop does
   in its next pass (on asyncio the yield of every ``YIELD_EVERY``-th operation
   is that pass; on trio the yielding send writes the queue). A stream of small
@@ -707,7 +708,7 @@ class Comm(ObjectStream[Any]):
         returns.
 
         ``send`` returns once the message is written to the connection, or,
-        over ``tcp://`` and ``unix://``, for a small message sent when this
+        over ``tcp://``, ``unix://`` and ``tls://``, for a small message sent when this
         comm's previous operation did not wait for the peer (a stream, not a
         reply), once it is queued: the queue is written by the next send that
         writes, at the latest in the event loop's next pass, one system call for
@@ -980,7 +981,8 @@ class Comm(ObjectStream[Any]):
     async def aclose(self, reason: CloseReason | None = None) -> None:
         """Close the connection. Idempotent; tasks blocked in :meth:`receive`
         or :meth:`send` get :exc:`anyio.ClosedResourceError`. Messages
-        :meth:`send` queued to write behind (over ``tcp://`` and ``unix://``)
+        :meth:`send` queued to write behind (over ``tcp://``, ``unix://`` and
+        ``tls://``)
         are written first, within 1 second, even when the caller is cancelled;
         a failure of that write is not reported (call :meth:`send_eof` first,
         which raises it, to know).

@@ -23,8 +23,9 @@ from .helpers import TRANSPORTS, connected_pair, shrink_socket_buffers
 
 pytestmark = [pytest.mark.anyio]
 
-#: transports over a socket of the comm's own, which write behind
-SOCKETS = ["tcp", "unix"]
+#: transports over a socket of the comm's own, which write behind (TLS: the
+#: ciphertext of the queued messages)
+SOCKETS = ["tcp", "unix", "tls1.2", "tls1.3"]
 
 
 def peek(sock: socket.socket) -> int:
@@ -97,6 +98,38 @@ async def test_a_send_after_a_wait_is_written_at_once(kind: str) -> None:
                 raw.__class__ = socket.socket
             with anyio.fail_after(10):
                 assert await server.receive() == f"reply {n}"
+
+
+@pytest.mark.parametrize("kind", SOCKETS)
+async def test_a_send_that_would_overfill_the_queue_writes_it_with_its_own(kind: str) -> None:
+    """The queue holds at most BEHIND_LIMIT bytes: the send that would pass it
+    writes the queue and itself in one write, in order (over TLS, the queue is
+    ciphertext, and a batch it cannot take is not encrypted until sent)."""
+    size = 1900  # (small messages are queued whole: header and body in one bytes)
+    per_batch = 10
+    batches = 12 * (BEHIND_LIMIT // (size * per_batch) + 1)
+    expected = [{"n": n, "pad": bytes([n % 256]) * size} for n in range(batches * per_batch)]
+    async with connected_pair(kind) as (client, server):
+        got: list[Any] = []
+
+        async def read() -> None:
+            got.extend(await receive_n(server, 1 + len(expected)))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            await client.send("first")  # (the first send of a connection writes at once)
+            raw = client.extra(SocketAttribute.raw_socket)
+            raw.__class__ = CountingSocket
+            CountingSocket.writes = 0
+            try:
+                for start in range(0, len(expected), per_batch):
+                    await client.send_batch(expected[start : start + per_batch])
+            finally:
+                raw.__class__ = socket.socket
+        assert got == ["first", *expected]
+        # a write per full queue and the batch that passed its limit (more where
+        # the socket took a write in parts), not one per batch
+        assert CountingSocket.writes < batches * 3 // 4
 
 
 @pytest.mark.parametrize("kind", TRANSPORTS)

@@ -158,6 +158,12 @@ class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
         """
         return False
 
+    def can_send_later(self, size: int) -> bool:  # noqa: ARG002
+        """Whether :meth:`send_later` would queue ``bytes`` of ``size`` bytes in
+        all, called right now. A True answer holds until the next call of
+        this transport's methods (it schedules the queue's write)."""
+        return False
+
     @property
     def send_interrupted(self) -> bool:
         """True once a :meth:`send_all` failed or was cancelled after it may

@@ -625,18 +625,23 @@ class SocketTransport(Transport, SocketStream):
     # -- writing behind (see write_behind.py) ---------------------------------
 
     def send_later(self, buffers: Sequence[Buffer]) -> bool:
-        if self._closed or self._writing_behind is not None or self._send_interrupted:
-            return False
-        size = self._behind_size
+        size = 0
         for buffer in buffers:
             if type(buffer) is not bytes:  # a caller's buffer: written before send returns
                 return False
             size += len(buffer)
-        if size > BEHIND_LIMIT or not (self._flush_scheduled or self._schedule_flush()):
+        if not self.can_send_later(size):
             return False
         self._behind += buffers
-        self._behind_size = size
+        self._behind_size += size
         return True
+
+    def can_send_later(self, size: int) -> bool:
+        if self._closed or self._writing_behind is not None or self._send_interrupted:
+            return False
+        return self._behind_size + size <= BEHIND_LIMIT and (
+            self._flush_scheduled or self._schedule_flush()
+        )
 
     def _schedule_flush(self) -> bool:
         """Have the queue written in the event loop's next pass; False if nothing can."""

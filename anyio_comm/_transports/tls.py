@@ -104,6 +104,11 @@ SEND_CHUNK: Final = 64 * 1024
 #: fourfold whenever a read fills it (4, 16, 64, then 256 KiB), so that an idle
 #: connection costs little
 FIRST_CIPHER_BUFFER: Final = 4 * 1024
+#: the largest plaintext of a TLS record, and a bound on what a record adds to it
+#: (header, explicit IV, MAC or tag, padding: at most 85 bytes with TLS 1.2's
+#: CBC-SHA384 suites), for sizing the ciphertext of a send queued behind
+MAX_RECORD: Final = 16 * 1024
+RECORD_OVERHEAD: Final = 256
 CLOSE_NOTIFY_TIMEOUT: Final = 0.1
 #: the message of a TCP close without close_notify
 RAGGED_EOF: Final = "TLS connection closed without close_notify"
@@ -451,6 +456,34 @@ class TLSTransport(Transport):
         finally:
             self._sending = False
         return waited
+
+    def send_later(self, buffers: Sequence[Buffer]) -> bool:
+        # Encrypted now, one record per buffer, and the ciphertext queued behind
+        # on the inner transport, which writes it with the next send or in the
+        # event loop's next pass. Only if the inner transport takes it all: once
+        # encrypted, a message cannot be handed back to be sent otherwise.
+        sslobj = self._ssl
+        if sslobj is None or self._closed or self._eof or self._send_interrupted:
+            return False
+        bound = self._outgoing.pending
+        for buffer in buffers:
+            if type(buffer) is not bytes or len(buffer) > SEND_CHUNK:
+                return False
+            bound += len(buffer) + RECORD_OVERHEAD * (len(buffer) // MAX_RECORD + 1)
+        inner = self._inner
+        if not inner.can_send_later(bound):
+            return False
+        try:
+            for buffer in buffers:
+                sslobj.write(buffer)
+        except ssl.SSLError:
+            # (the session is broken: the write that follows reports it)
+            self._send_interrupted = True
+            return False
+        cipher = self._outgoing.read()
+        queued = inner.send_later([cipher])
+        assert queued, "the inner transport refused what it said it would take"
+        return True
 
     async def send_eof(self) -> None:
         # The cancellation point comes first, as on TCP: once close_notify is
