@@ -5,7 +5,8 @@ sender streams small messages as fast as the system lets it, with no reply per
 message, and the receiver counts them. Every message carries its connection's
 sequence number, and the receiver checks each one (a message lost, repeated or
 out of order fails the case). The systems are in
-:mod:`benchmarks.oneway_systems`: anyio-comm's per-message and frames APIs, the
+:mod:`benchmarks.oneway_systems`: anyio-comm's per-message, frames and batch APIs
+(and its per-message API over TLS 1.3, with certificates made for the run), the
 raw asyncio floor, plain AnyIO streams, and pyzmq PUSH/PULL with blocking
 sockets and with ``zmq.asyncio``.
 
@@ -38,7 +39,15 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from anyio_comm.bench import format_size, parse_size, run_backend
+from anyio_comm.bench import (
+    TLSFiles,
+    certificates,
+    client_context,
+    format_size,
+    parse_size,
+    run_backend,
+    server_context,
+)
 from benchmarks._harness import (
     ProcessPair,
     add_output_options,
@@ -57,6 +66,8 @@ if TYPE_CHECKING:
 STARTUP_TIMEOUT = 30.0
 #: seconds the receiver waits for the first message
 FIRST_MESSAGE_TIMEOUT = 30.0
+#: the TLS version of the systems over TLS
+TLS_VERSION = "1.3"
 
 
 @dataclass(frozen=True)
@@ -118,7 +129,7 @@ def _measure(conn: Connection, tally: Tally, timing: Timing) -> None:
         os._exit(0)
 
 
-def receiver_main(conn: Connection, case: Case, timing: Timing) -> None:
+def receiver_main(conn: Connection, case: Case, timing: Timing, tls: TLSFiles | None) -> None:
     """The receiving process: report ``("ready", address)``, then the result (see
     :func:`_measure`); the process ends when the measurement does, or at its budget."""
     tally = Tally()
@@ -133,30 +144,39 @@ def receiver_main(conn: Connection, case: Case, timing: Timing) -> None:
         os._exit(1)
 
     threading.Thread(target=give_up, daemon=True).start()
+    extra = (server_context(tls, TLS_VERSION),) if system.tls else ()
     if system.blocking:
         system.receive(case, tally, ready)
     else:
-        run_backend(case.backend, system.receive, case, tally, ready)
+        run_backend(case.backend, system.receive, case, tally, ready, *extra)
 
 
-def sender_main(_conn: Connection, case: Case, address: str, timing: Timing) -> None:
+def sender_main(
+    _conn: Connection, case: Case, address: str, timing: Timing, tls: TLSFiles | None
+) -> None:
     """The sending process: stream until the budget's end (the runner stops it sooner)."""
     deadline = time.monotonic() + timing.budget
     system = SYSTEMS[case.system]
+    extra = (client_context(tls, TLS_VERSION),) if system.tls else ()
     if system.blocking:
         system.send(case, address, deadline)
     else:
-        run_backend(case.backend, system.send, case, address, deadline)
+        run_backend(case.backend, system.send, case, address, deadline, *extra)
 
 
 def run_case(
-    ctx: Any, cpus: tuple[int | None, int | None], timing: Timing, case: Case
+    ctx: Any,
+    cpus: tuple[int | None, int | None],
+    timing: Timing,
+    case: Case,
+    tls: TLSFiles | None = None,
 ) -> dict[str, Any]:
-    """Run ``case`` in a fresh receiver and sender; return its fields and figures."""
+    """Run ``case`` in a fresh receiver and sender; return its fields and figures
+    (``tls``: the certificates of the systems over TLS)."""
     name = f"oneway-{case.system}-{case.backend}"
     with ProcessPair(ctx, name, cpus, roles=("receiver", "sender"), terminate=True) as pair:
-        receiver, address = pair.start_server(receiver_main, case, timing)
-        pair.start_client(sender_main, case, address, timing)
+        receiver, address = pair.start_server(receiver_main, case, timing, tls)
+        pair.start_client(sender_main, case, address, timing, tls)
         kind, result = receiver.receive(time.monotonic() + timing.budget)
     if kind != "result":
         raise RuntimeError(f"unexpected message from the receiver: {kind!r}")
@@ -269,9 +289,15 @@ def main(argv: list[str] | None = None) -> int:
         figure = result.get("error") or f"{result['mps']:,.0f} msgs/s"
         print(f"  {format_size(case.size)} x{case.connections} {name}: {figure}", file=sys.stderr)
 
-    best, runs = run_matrix(
-        cases, args.repeat, lambda c: run_case(ctx, run.cpus, timing, c), show, figure="mps"
-    )
+    needs_tls = any(SYSTEMS[case.system].tls for case in cases)
+    with certificates("oneway-tls-" if needs_tls else None) as tls:
+        best, runs = run_matrix(
+            cases,
+            args.repeat,
+            lambda c: run_case(ctx, run.cpus, timing, c, tls),
+            show,
+            figure="mps",
+        )
     print(report(best))
     if args.json:
         with open(args.json, "w") as f:

@@ -14,10 +14,14 @@ error) and counts it in :class:`Tally`. Each system is a pair of functions:
   (``time.monotonic``), ``MAX_MESSAGES`` messages, or the receiver goes away
   (the runner stops the sending process once the receiver has its figures).
 
+A system over TLS (``System.tls``) takes one more argument, the SSL context of
+its end.
+
 Systems (``SYSTEMS``): anyio-comm's per-message API (``send`` / ``async for``),
 its frames API (``send_frames`` / ``receive_frames``) and its batch API
 (``send_batch`` of :data:`BATCH` messages / ``receive_batch``) on asyncio, uvloop
-and trio; the raw asyncio floor (``asyncio.Protocol``: a ``transport.write`` per
+and trio; the per-message API over ``tls://`` (TLS 1.3: ``anyio-comm-tls``);
+the raw asyncio floor (``asyncio.Protocol``: a ``transport.write`` per
 message and a drain every 64, a ``BufferedProtocol`` cutting messages out of its
 buffer); plain AnyIO streams written the plainest way (an 8-byte length prefix,
 ``stream.send()`` per message, ``stream.receive()`` accumulated into a
@@ -40,6 +44,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
+    import ssl
     from collections.abc import Callable
 
 #: the most messages one sending connection sends in one case
@@ -88,7 +93,12 @@ def payloads(index: int, size: int) -> Callable[[int], bytes]:
 # -- anyio-comm ------------------------------------------------------------------
 
 
-async def _comm_receive(case: Any, tally: Tally, ready: Callable[[str], object]) -> None:
+async def _comm_receive(
+    case: Any,
+    tally: Tally,
+    ready: Callable[[str], object],
+    ssl_context: ssl.SSLContext | None = None,
+) -> None:
     import anyio
 
     import anyio_comm
@@ -130,12 +140,18 @@ async def _comm_receive(case: Any, tally: Tally, ready: Callable[[str], object])
                     expected += 1
                     tally.n += 1
 
-    async with anyio_comm.listen("tcp://127.0.0.1:0", handle) as listener:
+    if ssl_context is None:
+        listening = anyio_comm.listen("tcp://127.0.0.1:0", handle)
+    else:
+        listening = anyio_comm.listen("tls://127.0.0.1:0", handle, ssl_context=ssl_context)
+    async with listening as listener:
         ready(listener.address)
         await anyio.sleep_forever()
 
 
-async def _comm_send(case: Any, address: str, deadline: float) -> None:
+async def _comm_send(
+    case: Any, address: str, deadline: float, ssl_context: ssl.SSLContext | None = None
+) -> None:
     import anyio
 
     import anyio_comm
@@ -146,7 +162,8 @@ async def _comm_send(case: Any, address: str, deadline: float) -> None:
     async def one(index: int) -> None:
         payload = payloads(index, case.size)
         with contextlib.suppress(anyio.BrokenResourceError, anyio.ClosedResourceError, *_GONE):
-            async with await anyio_comm.connect(address, timeout=30) as comm:
+            tls = {} if ssl_context is None else {"ssl_context": ssl_context}
+            async with await anyio_comm.connect(address, timeout=30, **tls) as comm:
                 seq = 0
                 while seq < MAX_MESSAGES:
                     if batch_api:
@@ -441,6 +458,8 @@ class System:
     blocking: bool = False
     #: run only when named in ``--systems``
     diagnostic: bool = False
+    #: over TLS 1.3: the functions take an SSL context (the receiver's, the sender's)
+    tls: bool = False
 
 
 _ASYNC = ("asyncio", "uvloop", "trio")
@@ -451,6 +470,9 @@ SYSTEMS: dict[str, System] = {
         System("anyio-comm", _ASYNC, _comm_receive, _comm_send),
         System("anyio-comm-frames", _ASYNC, _comm_receive, _comm_send),
         System("anyio-comm-batch", _ASYNC, _comm_receive, _comm_send),
+        System(
+            "anyio-comm-tls", _ASYNC, _comm_receive, _comm_send, requires=("trustme",), tls=True
+        ),
         System("anyio-comm-rx", _ASYNC, _comm_receive, _comm_send, diagnostic=True),
         System("anyio-comm-tx", _ASYNC, _comm_receive, _comm_send, diagnostic=True),
         System("floor", ("asyncio", "uvloop"), _floor_receive, _floor_send),
