@@ -66,16 +66,27 @@ def _current_task_of(loop: asyncio.AbstractEventLoop) -> Callable[[], Any]:
     return partial(asyncio.current_task, loop)
 
 
+def _anyio_task_states(
+    loop: asyncio.AbstractEventLoop,
+) -> tuple[dict[Any, Any], Callable[[], Any]] | None:
+    """AnyIO's task states (by weak reference to the task) and a function
+    returning the task ``loop`` runs now; None where AnyIO's layout is not the
+    one :func:`_anyio_layout` checks."""
+    backend = _anyio_layout()
+    if backend is None:
+        return None
+    return backend._task_states.data, _current_task_of(loop)
+
+
 def asyncio_cancel_due(loop: asyncio.AbstractEventLoop) -> Callable[[], bool] | None:
     """A predicate telling whether AnyIO would deliver a cancellation to the
     calling task of ``loop`` at a checkpoint now (a cancelled scope between the
     task and the first shielded one); None where AnyIO's layout is not the one
     it reads."""
-    backend = _anyio_layout()
-    if backend is None:
+    reader = _anyio_task_states(loop)
+    if reader is None:
         return None
-    states = backend._task_states.data
-    current_task = _current_task_of(loop)
+    states, current_task = reader
 
     def cancel_due() -> bool:
         task = current_task()
@@ -101,11 +112,10 @@ def asyncio_effective_deadline(loop: asyncio.AbstractEventLoop) -> Callable[[], 
     read as :func:`asyncio_cancel_due` reads the scopes (at a third of its
     cost: an RPC call asks it once); None where AnyIO's layout is not the one
     it reads."""
-    backend = _anyio_layout()
-    if backend is None:
+    reader = _anyio_task_states(loop)
+    if reader is None:
         return None
-    states = backend._task_states.data
-    current_task = _current_task_of(loop)
+    states, current_task = reader
     inf = math.inf
 
     def effective_deadline() -> float:
