@@ -53,8 +53,8 @@ stream.
 * writing behind: a send whose message is small and the comm's own bytes (no
   out-of-band buffer of the caller), made when the comm's previous operation
   did not wait for the peer, is queued by a socket transport instead of
-  written (``Transport.send_later``; over TLS, its ciphertext, encrypted at
-  once): the next send that writes writes the
+  written (``Transport.send_later``; over TLS, the queue is encrypted as a
+  whole when it is written): the next send that writes writes the
   queue with its own message in one gather write, or else the event loop does
   in its next pass (on asyncio the yield of every ``YIELD_EVERY``-th operation
   is that pass; on trio the yielding send writes the queue). A stream of small

@@ -6,6 +6,7 @@ order kept, a caller's buffer never held, errors reported, the queue written by
 from __future__ import annotations
 
 import socket
+import ssl
 from typing import Any
 
 import anyio
@@ -13,6 +14,7 @@ import anyio.lowlevel
 import pytest
 from anyio import BrokenResourceError, EndOfStream
 from anyio.abc import SocketAttribute
+from anyio.streams.tls import TLSAttribute
 
 from anyio_comm import PeerClosed, PeerClosedError
 from anyio_comm._comm import YIELD_EVERY
@@ -24,7 +26,7 @@ from .helpers import TRANSPORTS, connected_pair, shrink_socket_buffers
 pytestmark = [pytest.mark.anyio]
 
 #: transports over a socket of the comm's own, which write behind (TLS: the
-#: ciphertext of the queued messages)
+#: queued messages encrypted together when written)
 SOCKETS = ["tcp", "unix", "tls1.2", "tls1.3"]
 
 
@@ -80,6 +82,42 @@ async def test_a_stream_of_small_sends_is_written_a_burst_at_a_time(kind: str) -
         assert CountingSocket.writes <= count // YIELD_EVERY + 2
 
 
+class CountingSSLObject(ssl.SSLObject):
+    """An SSLObject that counts its encryptions (swapped in as the class of a live one)."""
+
+    writes = 0
+
+    def write(self, data: Any) -> int:
+        CountingSSLObject.writes += 1
+        return super().write(data)
+
+
+@pytest.mark.parametrize("kind", ["tls1.2", "tls1.3"])
+async def test_over_tls_a_stream_of_small_sends_is_encrypted_a_burst_at_a_time(
+    kind: str,
+) -> None:
+    async with connected_pair(kind) as (client, server):
+        sslobj = client.extra(TLSAttribute.ssl_object)
+        count = 40 * YIELD_EVERY
+        got: list[Any] = []
+
+        async def read() -> None:
+            got.extend(await receive_n(server, count))
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            sslobj.__class__ = CountingSSLObject
+            CountingSSLObject.writes = 0
+            try:
+                for n in range(count):
+                    await client.send({"n": n, "pad": b"p" * (n % 50)})
+            finally:
+                sslobj.__class__ = ssl.SSLObject
+        assert got == [{"n": n, "pad": b"p" * (n % 50)} for n in range(count)]
+        # one encryption per YIELD_EVERY messages (give or take the first and last)
+        assert CountingSSLObject.writes <= count // YIELD_EVERY + 2
+
+
 @pytest.mark.parametrize("kind", SOCKETS)
 async def test_a_send_after_a_wait_is_written_at_once(kind: str) -> None:
     async with connected_pair(kind) as (client, server):
@@ -103,8 +141,8 @@ async def test_a_send_after_a_wait_is_written_at_once(kind: str) -> None:
 @pytest.mark.parametrize("kind", SOCKETS)
 async def test_a_send_that_would_overfill_the_queue_writes_it_with_its_own(kind: str) -> None:
     """The queue holds at most BEHIND_LIMIT bytes: the send that would pass it
-    writes the queue and itself in one write, in order (over TLS, the queue is
-    ciphertext, and a batch it cannot take is not encrypted until sent)."""
+    writes the queue and itself in one write, in order (over TLS the queue's
+    room is reserved for the ciphertext of what the TLS transport keeps)."""
     size = 1900  # (small messages are queued whole: header and body in one bytes)
     per_batch = 10
     batches = 12 * (BEHIND_LIMIT // (size * per_batch) + 1)
@@ -399,6 +437,95 @@ async def test_abort_writes_only_what_the_socket_takes_at_once() -> None:
     assert 0 < len(received) < BEHIND_LIMIT
     assert received == b"z" * len(received)
     b.close()
+
+
+class Sealer:
+    """A transport above the socket transport: what it reserved, sealed at the last moment."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.seals = 0
+        self.error: Exception | None = None
+
+    def queue(self, transport: SocketTransport, part: bytes) -> bool:
+        if not transport.seal_later(len(part), self.seal):
+            return False
+        self.parts.append(part)
+        return True
+
+    def seal(self) -> bytes:
+        self.seals += 1
+        if self.error is not None:
+            raise self.error
+        sealed = b"[" + b"".join(self.parts) + b"]"
+        self.parts.clear()
+        return sealed
+
+
+async def test_a_sealed_reservation_is_made_once_when_the_queue_is_written() -> None:
+    a, b = socket.socketpair()
+    b.setblocking(False)
+    transport = SocketTransport(a)
+    sealer = Sealer()
+    try:
+        assert transport.send_later([b"before "])
+        assert sealer.queue(transport, b"one ")
+        assert sealer.queue(transport, b"two")
+        assert sealer.seals == 0  # (nothing is made before the queue is written)
+        with anyio.fail_after(5):
+            await anyio.wait_readable(b)
+        assert sealer.seals == 1
+        # the reservation takes its place in the queue where the first one was made
+        assert b.recv(100) == b"before [one two]"
+        # a send that writes takes the reservation first
+        assert sealer.queue(transport, b"three")
+        await transport.send_all([b" after"])
+        assert sealer.seals == 2
+        assert b.recv(100) == b"[three] after"
+        # the reservation counts toward the queue's limit
+        assert sealer.queue(transport, b"x" * (BEHIND_LIMIT - 10))
+        assert not transport.send_later([b"y" * 20])
+        assert not sealer.queue(transport, b"y" * 20)
+        assert not transport.seal_later(1, Sealer().seal)  # one transport above at a time
+    finally:
+        await transport.aclose()
+        b.close()
+
+
+async def test_a_seal_that_fails_breaks_the_transport() -> None:
+    a, b = socket.socketpair()
+    transport = SocketTransport(a)
+    sealer = Sealer()
+    sealer.error = ValueError("the session above failed")
+    try:
+        assert sealer.queue(transport, b"lost")
+        await anyio.lowlevel.checkpoint()
+        await anyio.lowlevel.checkpoint()
+        assert sealer.seals == 1
+        assert transport.send_interrupted
+        with pytest.raises(BrokenResourceError):
+            await transport.send_all([b"more"])
+    finally:
+        await transport.aclose()
+        b.close()
+
+
+async def test_abort_and_aclose_seal_the_reservation() -> None:
+    for close in ("abort", "aclose"):
+        a, b = socket.socketpair()
+        b.setblocking(False)
+        transport = SocketTransport(a)
+        sealer = Sealer()
+        assert transport.send_later([b"queued "])
+        assert sealer.queue(transport, b"sealed")
+        if close == "abort":
+            transport.abort()
+        else:
+            await transport.aclose()
+        await anyio.sleep(0.01)
+        assert b.recv(100) == b"queued [sealed]"
+        assert b.recv(100) == b""
+        b.close()
 
 
 async def test_a_queue_made_as_the_last_one_closes_is_written() -> None:

@@ -12,7 +12,8 @@ to the event loop, and so that the same non-blocking step can run in a task
 Sending is one call, :meth:`Transport.send_all`, which tries the system call
 first and waits only when the socket is full; it returns whether it waited.
 :meth:`Transport.send_later` queues a small send to be written with the next
-one, or in the event loop's next pass, where the transport can.
+one, or in the event loop's next pass, where the transport can;
+:meth:`Transport.seal_later` queues bytes a transport above makes only then.
 """
 
 from __future__ import annotations
@@ -158,10 +159,21 @@ class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
         """
         return False
 
-    def can_send_later(self, size: int) -> bool:  # noqa: ARG002
-        """Whether :meth:`send_later` would queue ``bytes`` of ``size`` bytes in
-        all, called right now. A True answer holds until the next call of
-        this transport's methods (it schedules the queue's write)."""
+    def seal_later(self, bound: int, seal: Callable[[], bytes]) -> bool:  # noqa: ARG002
+        """Queue, as :meth:`send_later` would, bytes made only when the queue is
+        written: whatever takes the queue (a write, :meth:`abort`) first calls
+        ``seal()`` and queues what it returns, at most ``bound`` bytes. Calling
+        again before then adds ``bound`` to the reservation, and ``seal`` (the
+        same callable: one transport above) is called once for all.
+
+        This is how a transport above queues what it encodes as a whole at the
+        last moment (TLS: one encryption for a batch of small sends). An
+        exception from ``seal()`` fails the queue's write as a failed system
+        call does.
+
+        Returns:
+            False when nothing was reserved (as for :meth:`send_later`).
+        """
         return False
 
     @property

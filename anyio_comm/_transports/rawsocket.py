@@ -372,6 +372,7 @@ class SocketTransport(Transport, SocketStream):
         "_loop",
         "_loop_writes",
         "_reader",
+        "_seal",
         "_send_interrupted",
         "_sock",
         "_trio",
@@ -390,12 +391,15 @@ class SocketTransport(Transport, SocketStream):
         self._drained = False
         backend = current_backend()
         loop = self._loop = backend.loop
-        # Write-behind (see write_behind.py): the queued buffers and their size;
+        # Write-behind (see write_behind.py): the queued buffers and their size
+        # (with what seal_later() reserved);
         # whether their write in the event loop's next pass is scheduled; the
         # wait for a queue the socket did not take whole, while it is written
         # on; and why such a write failed (raised by the next send).
         self._behind: list[Buffer] = []
         self._behind_size = 0
+        # what seal_later() reserved room for: called when the queue is taken
+        self._seal: Callable[[], bytes] | None = None
         self._flush_scheduled = False
         self._writing_behind: Callable[[], Awaitable[Any]] | None = None
         self._behind_error: Exception | None = None
@@ -541,7 +545,7 @@ class SocketTransport(Transport, SocketStream):
         return self._send_interrupted
 
     async def send_all(self, buffers: Sequence[Buffer]) -> bool:
-        if self._behind or self._writing_behind is not None or self._behind_error is not None:
+        if self._behind_size or self._writing_behind is not None or self._behind_error is not None:
             return await self._send_after_behind(buffers)
         sock = self._sock
         # A send that came up short makes the task wait for writability (see
@@ -630,13 +634,22 @@ class SocketTransport(Transport, SocketStream):
             if type(buffer) is not bytes:  # a caller's buffer: written before send returns
                 return False
             size += len(buffer)
-        if not self.can_send_later(size):
+        if not self._can_queue(size):
             return False
         self._behind += buffers
         self._behind_size += size
         return True
 
-    def can_send_later(self, size: int) -> bool:
+    def seal_later(self, bound: int, seal: Callable[[], bytes]) -> bool:
+        if (self._seal is not None and self._seal != seal) or not self._can_queue(bound):
+            return False
+        self._seal = seal
+        self._behind_size += bound
+        return True
+
+    def _can_queue(self, size: int) -> bool:
+        """Whether ``size`` more bytes may be queued now (scheduling the queue's
+        write if it was not)."""
         if self._closed or self._writing_behind is not None or self._send_interrupted:
             return False
         return self._behind_size + size <= BEHIND_LIMIT and (
@@ -662,6 +675,23 @@ class SocketTransport(Transport, SocketStream):
         self._flush_scheduled = True
         return True
 
+    def _take_behind(self) -> list[Any]:
+        """Take the queue, sealed (see :meth:`seal_later`), leaving it empty.
+
+        Raises:
+            Exception: what the seal raised (the queue is then lost).
+        """
+        queue: list[Any] = self._behind
+        self._behind = []
+        self._behind_size = 0
+        seal = self._seal
+        if seal is not None:
+            self._seal = None
+            sealed = seal()
+            if sealed:
+                queue.append(sealed)
+        return queue
+
     def _requeue(self, queue: list[Any]) -> None:
         """Put back a queue a send took and did not write any of (it was cancelled):
         it was reported sent, so it goes first, written later."""
@@ -674,14 +704,14 @@ class SocketTransport(Transport, SocketStream):
         """Write the queue as far as the socket takes it now; return what it did
         not take (the buffers, and the index of the first one not sent whole)."""
         self._flush_scheduled = False
-        pending: list[Any] = self._behind
-        if not pending or self._closed:
+        if not self._behind_size or self._closed:
             return None
-        self._behind = []
-        self._behind_size = 0
         try:
+            pending = self._take_behind()
+            if not pending:
+                return None
             _, first = _send_until_full(self._sock, pending, 0)
-        except OSError as exc:
+        except Exception as exc:  # (OSError, or what a seal raised)
             self._behind_failed(exc)
             return None
         return (pending, first) if first < len(pending) else None
@@ -767,11 +797,13 @@ class SocketTransport(Transport, SocketStream):
             raise BrokenResourceError(f"connection failed: {error!r}") from error
         if self._closed:
             raise ClosedResourceError
-        queue: list[Any] = self._behind
+        try:
+            queue = self._take_behind()
+        except Exception as exc:  # (what a seal raised)
+            self._behind_failed(exc)
+            raise BrokenResourceError(f"connection failed: {exc!r}") from exc
         if not queue:
             return await self.send_all(buffers)
-        self._behind = []
-        self._behind_size = 0
         try:
             return await self.send_all([*queue, *buffers])
         except BaseException:
@@ -785,7 +817,7 @@ class SocketTransport(Transport, SocketStream):
         await anyio.lowlevel.checkpoint()
         if self._closed:
             raise ClosedResourceError
-        if self._behind or self._writing_behind is not None or self._behind_error is not None:
+        if self._behind_size or self._writing_behind is not None or self._behind_error is not None:
             await self.send_all(())
         try:
             self._sock.shutdown(socket.SHUT_WR)
@@ -831,14 +863,12 @@ class SocketTransport(Transport, SocketStream):
         """
         if self._closed:
             return
-        behind = self._behind
-        if behind:
+        if self._behind_size:
             # What was queued was reported sent: give it what the socket takes
             # now, without waiting (the rest is lost, as a reset loses it).
-            self._behind = []
             try:
-                self._sock.send(b"".join(behind))
-            except OSError:
+                self._sock.send(b"".join(self._take_behind()))
+            except Exception:  # (OSError, or what a seal raised: lost)
                 pass
         self._closed = True
         self._release_flusher()
@@ -859,7 +889,7 @@ class SocketTransport(Transport, SocketStream):
             sock.close()
 
     async def aclose(self) -> None:
-        if not self._closed and (self._behind or self._writing_behind is not None):
+        if not self._closed and (self._behind_size or self._writing_behind is not None):
             # What was queued was reported sent: write it first, even when the
             # caller is cancelled, within FLUSH_ON_CLOSE_TIMEOUT.
             with anyio.CancelScope(shield=True) as scope:

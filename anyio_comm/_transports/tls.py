@@ -19,7 +19,11 @@ protocol or a non-blocking ``SSLSocket``, this keeps our own receive path:
   the ciphertext is flushed to the inner transport whenever 64 KiB of it has
   built up, and at the end of the message: a small message is one write, and
   a 10 MB message is never held twice in memory (see :data:`SEND_CHUNK` for
-  why not larger slices).
+  why not larger slices). A small send queued behind
+  (:meth:`TLSTransport.send_later`) is kept as plaintext, with room reserved
+  for its ciphertext on the inner transport's queue, and the whole batch is
+  encrypted in one call when that queue is written (one record per 16 KiB,
+  not per message); a send that writes encrypts it first.
 * end of stream: the peer's ``close_notify`` is a clean EOF; a TCP close
   without it (ragged EOF) is :exc:`anyio.BrokenResourceError`, so a
   truncation by an attacker is never mistaken for the end of the stream.
@@ -104,9 +108,10 @@ SEND_CHUNK: Final = 64 * 1024
 #: fourfold whenever a read fills it (4, 16, 64, then 256 KiB), so that an idle
 #: connection costs little
 FIRST_CIPHER_BUFFER: Final = 4 * 1024
-#: the largest plaintext of a TLS record, and a bound on what a record adds to it
-#: (header, explicit IV, MAC or tag, padding: at most 85 bytes with TLS 1.2's
-#: CBC-SHA384 suites), for sizing the ciphertext of a send queued behind
+#: the largest plaintext of a TLS record, and a bound (with margin) on what a
+#: record adds to it (header, explicit IV, MAC or tag, padding: at most 85 bytes
+#: with TLS 1.2's CBC-SHA384 suites): they bound the ciphertext of a send queued
+#: behind
 MAX_RECORD: Final = 16 * 1024
 RECORD_OVERHEAD: Final = 256
 CLOSE_NOTIFY_TIMEOUT: Final = 0.1
@@ -158,6 +163,7 @@ class TLSTransport(Transport):
         "_inner",
         "_outgoing",
         "_peer_first_bytes",
+        "_plain",
         "_send_interrupted",
         "_sending",
         "_ssl",
@@ -193,6 +199,8 @@ class TLSTransport(Transport):
         self._eof = False
         self._unsent = b""
         self._peer_first_bytes = b""
+        # plaintext of small sends queued behind (see send_later)
+        self._plain: list[bytes] = []
 
     def _start_session(
         self, *, server_side: bool = True, server_hostname: str | None = None
@@ -436,6 +444,15 @@ class TLSTransport(Transport):
         waited = False
         self._sending = True
         try:
+            plain = self._plain
+            if plain:  # (what was queued behind goes first)
+                first = buffers[0] if len(buffers) == 1 else None
+                if type(first) is bytes and len(first) < MAX_RECORD:
+                    # a small message with it: one encryption for all
+                    plain.append(first)
+                    buffers = ()
+                self._encrypt_plain()
+                encrypted = True
             for buffer in buffers:
                 view = memoryview(buffer).cast("B")
                 for offset in range(0, view.nbytes, SEND_CHUNK):
@@ -458,32 +475,52 @@ class TLSTransport(Transport):
         return waited
 
     def send_later(self, buffers: Sequence[Buffer]) -> bool:
-        # Encrypted now, one record per buffer, and the ciphertext queued behind
-        # on the inner transport, which writes it with the next send or in the
-        # event loop's next pass. Only if the inner transport takes it all: once
-        # encrypted, a message cannot be handed back to be sent otherwise.
-        sslobj = self._ssl
-        if sslobj is None or self._closed or self._eof or self._send_interrupted:
+        # Kept as plaintext, with room reserved on the inner transport's queue for
+        # its ciphertext: whatever takes that queue first seals it (_seal), so a
+        # batch of small sends is one encryption, and as few records as 16 KiB
+        # each allow (the peer decrypts each record in one call). Not over
+        # BEHIND_LIMIT in all: the reservation bounds the ciphertext.
+        if self._ssl is None or self._closed or self._eof or self._send_interrupted:
             return False
-        bound = self._outgoing.pending
+        bound = 0 if self._plain else self._outgoing.pending  # (records a read produced)
+        kept: list[bytes] = []
         for buffer in buffers:
-            if type(buffer) is not bytes or len(buffer) > SEND_CHUNK:
+            if type(buffer) is not bytes:
                 return False
             bound += len(buffer) + RECORD_OVERHEAD * (len(buffer) // MAX_RECORD + 1)
-        inner = self._inner
-        if not inner.can_send_later(bound):
+            kept.append(buffer)
+        if not self._inner.seal_later(bound, self._seal):
             return False
-        try:
-            for buffer in buffers:
-                sslobj.write(buffer)
-        except ssl.SSLError:
-            # (the session is broken: the write that follows reports it)
-            self._send_interrupted = True
-            return False
-        cipher = self._outgoing.read()
-        queued = inner.send_later([cipher])
-        assert queued, "the inner transport refused what it said it would take"
+        self._plain += kept
         return True
+
+    def _encrypt_plain(self) -> None:
+        """Encrypt the plaintext :meth:`send_later` kept into the outgoing BIO.
+
+        Raises:
+            ssl.SSLError: the session failed (and cannot send any more).
+        """
+        plain = self._plain
+        if plain:
+            self._plain = []
+            sslobj = self._ssl
+            assert sslobj is not None  # (send_later keeps nothing without one)
+            try:
+                sslobj.write(plain[0] if len(plain) == 1 else b"".join(plain))
+            except ssl.SSLError:
+                self._send_interrupted = True
+                raise
+
+    def _seal(self) -> bytes:
+        """The inner transport takes its queue: the ciphertext of the plaintext
+        kept since (with records a read produced before it), or nothing if a
+        send took that plaintext first."""
+        if not self._plain:
+            # Whatever is in the outgoing BIO now belongs to a send under way,
+            # or to the next one: it must not go ahead of what that send read.
+            return b""
+        self._encrypt_plain()
+        return self._outgoing.read()
 
     async def send_eof(self) -> None:
         # The cancellation point comes first, as on TCP: once close_notify is
@@ -496,6 +533,7 @@ class TLSTransport(Transport):
             if sslobj is None:
                 sslobj = self._start_session()
             try:
+                self._encrypt_plain()  # (what was queued behind goes first)
                 sslobj.unwrap()
             except ssl.SSLWantReadError:
                 pass  # our close_notify is out; the peer's is not needed to go on reading
@@ -529,6 +567,7 @@ class TLSTransport(Transport):
             sslobj = self._ssl
             try:
                 if sslobj is not None:  # (no session: the client never spoke)
+                    self._encrypt_plain()  # (what was queued behind goes first)
                     sslobj.unwrap()
             except ssl.SSLError:
                 pass
