@@ -5,6 +5,7 @@ order kept, a caller's buffer never held, errors reported, the queue written by
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import ssl
 from typing import Any
@@ -19,9 +20,11 @@ from anyio.streams.tls import TLSAttribute
 from anyio_comm import PeerClosed, PeerClosedError
 from anyio_comm._comm import YIELD_EVERY
 from anyio_comm._transports.rawsocket import SocketTransport
+from anyio_comm._transports.tls import TLSTransport
 from anyio_comm._transports.write_behind import BEHIND_LIMIT
 
-from .helpers import TRANSPORTS, connected_pair, shrink_socket_buffers
+from .certs import client_context, server_context
+from .helpers import TLS_VERSIONS, TRANSPORTS, connected_pair, shrink_socket_buffers
 
 pytestmark = [pytest.mark.anyio]
 
@@ -114,8 +117,9 @@ async def test_over_tls_a_stream_of_small_sends_is_encrypted_a_burst_at_a_time(
             finally:
                 sslobj.__class__ = ssl.SSLObject
         assert got == [{"n": n, "pad": b"p" * (n % 50)} for n in range(count)]
-        # one encryption per YIELD_EVERY messages (give or take the first and last)
-        assert CountingSSLObject.writes <= count // YIELD_EVERY + 2
+        # at most two encryptions per YIELD_EVERY messages (give or take the first
+        # and last): the queue's, and on trio that of the send that writes it
+        assert CountingSSLObject.writes <= 2 * (count // YIELD_EVERY) + 2
 
 
 @pytest.mark.parametrize("kind", SOCKETS)
@@ -482,11 +486,13 @@ async def test_a_sealed_reservation_is_made_once_when_the_queue_is_written() -> 
         await transport.send_all([b" after"])
         assert sealer.seals == 2
         assert b.recv(100) == b"[three] after"
+        # while a reservation waits, plain bytes are refused (they would go first)
+        assert sealer.queue(transport, b"four")
+        assert not transport.send_later([b"refused"])
+        assert not transport.seal_later(1, Sealer().seal)  # one transport above at a time
         # the reservation counts toward the queue's limit
         assert sealer.queue(transport, b"x" * (BEHIND_LIMIT - 10))
-        assert not transport.send_later([b"y" * 20])
         assert not sealer.queue(transport, b"y" * 20)
-        assert not transport.seal_later(1, Sealer().seal)  # one transport above at a time
     finally:
         await transport.aclose()
         b.close()
@@ -526,6 +532,58 @@ async def test_abort_and_aclose_seal_the_reservation() -> None:
         assert b.recv(100) == b"queued [sealed]"
         assert b.recv(100) == b""
         b.close()
+
+
+@pytest.mark.parametrize("version", ["tls1.2", "tls1.3"])
+async def test_over_tls_a_send_cancelled_before_writing_leaves_the_queue_to_be_written(
+    version: str,
+) -> None:
+    """The TLS transport's kept messages were reported sent: a send that encrypts
+    them first and is cancelled before writing leaves them queued (and written
+    once the peer reads); its own message, reported not sent, does not follow."""
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    client = TLSTransport(
+        SocketTransport(a),
+        client_context(TLS_VERSIONS[version]),
+        server_side=False,
+        server_hostname="localhost",
+    )
+    server = TLSTransport(
+        SocketTransport(b), server_context(TLS_VERSIONS[version]), server_side=True
+    )
+    try:
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(server.handshake)
+                await client.handshake()
+        b.setblocking(False)
+        filled = 0  # (bytes the peer has not read: the socket is full)
+        with contextlib.suppress(BlockingIOError):
+            while True:
+                filled += a.send(b"J" * 65536)
+        assert client.send_later([b"Q" * 100])  # reported sent
+        with anyio.move_on_after(0.05) as scope:
+            await client.send_all([b"C" * 100])
+        assert scope.cancelled_caught
+        assert client.send_interrupted  # (its message was encrypted: the session is done)
+        received = bytearray()
+        with anyio.fail_after(10):
+            while len(received) < filled + 5 + 100:
+                await anyio.wait_readable(b)
+                received += b.recv(1 << 20)
+            await anyio.sleep(0.05)  # (anything more would have come by now)
+        with contextlib.suppress(BlockingIOError):
+            received += b.recv(1 << 20)
+        assert received[:filled] == b"J" * filled
+        record = received[filled:]
+        # one application-data record: the queued message, not the cancelled one
+        assert record[0] == 23
+        assert len(record) == 5 + int.from_bytes(record[3:5], "big")
+        assert 100 < len(record) - 5 < 200
+    finally:
+        client.abort()
+        server.abort()
 
 
 async def test_a_queue_made_as_the_last_one_closes_is_written() -> None:

@@ -160,16 +160,19 @@ class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
         return False
 
     def seal_later(self, bound: int, seal: Callable[[], bytes]) -> bool:  # noqa: ARG002
-        """Queue, as :meth:`send_later` would, bytes made only when the queue is
-        written: whatever takes the queue (a write, :meth:`abort`) first calls
-        ``seal()`` and queues what it returns, at most ``bound`` bytes. Calling
-        again before then adds ``bound`` to the reservation, and ``seal`` (the
-        same callable: one transport above) is called once for all.
+        """Reserve room for ``bound`` bytes at the end of the queue of
+        :meth:`send_later`, made only when the queue is written: whatever takes
+        the queue (a write, :meth:`abort`) first calls ``seal()`` and queues
+        what it returns there. Calling again before then adds ``bound`` to the
+        reservation, and ``seal`` (the same callable: one transport above) is
+        called once for all; :meth:`send_later` refuses meanwhile (its bytes
+        would go ahead of what was reserved).
 
         This is how a transport above queues what it encodes as a whole at the
-        last moment (TLS: one encryption for a batch of small sends). An
-        exception from ``seal()`` fails the queue's write as a failed system
-        call does.
+        last moment (TLS: one encryption for a batch of small sends). The
+        queue's limit counts ``bound``, not what ``seal()`` returns: a caller
+        keeps the two close. An exception from ``seal()`` fails the queue's
+        write as a failed system call does.
 
         Returns:
             False when nothing was reserved (as for :meth:`send_later`).

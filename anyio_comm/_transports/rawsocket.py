@@ -629,6 +629,8 @@ class SocketTransport(Transport, SocketStream):
     # -- writing behind (see write_behind.py) ---------------------------------
 
     def send_later(self, buffers: Sequence[Buffer]) -> bool:
+        if self._seal is not None:  # (it would go ahead of what was reserved)
+            return False
         size = 0
         for buffer in buffers:
             if type(buffer) is not bytes:  # a caller's buffer: written before send returns

@@ -163,7 +163,9 @@ class TLSTransport(Transport):
         "_inner",
         "_outgoing",
         "_peer_first_bytes",
+        "_pending_counted",
         "_plain",
+        "_sealed",
         "_send_interrupted",
         "_sending",
         "_ssl",
@@ -199,8 +201,12 @@ class TLSTransport(Transport):
         self._eof = False
         self._unsent = b""
         self._peer_first_bytes = b""
-        # plaintext of small sends queued behind (see send_later)
+        # plaintext of small sends queued behind (see send_later); the outgoing
+        # BIO's bytes counted in the room reserved for it; its ciphertext once a
+        # send encrypted it first, for the inner transport's queue to take
         self._plain: list[bytes] = []
+        self._pending_counted = 0
+        self._sealed = b""
 
     def _start_session(
         self, *, server_side: bool = True, server_hostname: str | None = None
@@ -444,15 +450,13 @@ class TLSTransport(Transport):
         waited = False
         self._sending = True
         try:
-            plain = self._plain
-            if plain:  # (what was queued behind goes first)
-                first = buffers[0] if len(buffers) == 1 else None
-                if type(first) is bytes and len(first) < MAX_RECORD:
-                    # a small message with it: one encryption for all
-                    plain.append(first)
-                    buffers = ()
+            if self._plain:
+                # What was queued behind goes first: its ciphertext is the inner
+                # queue's (_seal), which goes back to that queue if this send is
+                # cancelled before writing, as a queue of plain bytes does; this
+                # send's message, reported not sent then, must not go with it.
                 self._encrypt_plain()
-                encrypted = True
+                self._sealed = self._outgoing.read()
             for buffer in buffers:
                 view = memoryview(buffer).cast("B")
                 for offset in range(0, view.nbytes, SEND_CHUNK):
@@ -480,9 +484,17 @@ class TLSTransport(Transport):
         # batch of small sends is one encryption, and as few records as 16 KiB
         # each allow (the peer decrypts each record in one call). Not over
         # BEHIND_LIMIT in all: the reservation bounds the ciphertext.
-        if self._ssl is None or self._closed or self._eof or self._send_interrupted:
+        if (
+            self._ssl is None
+            or self._closed
+            or self._eof
+            or self._send_interrupted
+            or self._sending
+        ):
             return False
-        bound = 0 if self._plain else self._outgoing.pending  # (records a read produced)
+        # records a read produced since the last reservation go with the batch
+        pending = self._outgoing.pending
+        bound = max(0, pending - self._pending_counted)
         kept: list[bytes] = []
         for buffer in buffers:
             if type(buffer) is not bytes:
@@ -492,6 +504,7 @@ class TLSTransport(Transport):
         if not self._inner.seal_later(bound, self._seal):
             return False
         self._plain += kept
+        self._pending_counted = pending
         return True
 
     def _encrypt_plain(self) -> None:
@@ -503,6 +516,7 @@ class TLSTransport(Transport):
         plain = self._plain
         if plain:
             self._plain = []
+            self._pending_counted = 0
             sslobj = self._ssl
             assert sslobj is not None  # (send_later keeps nothing without one)
             try:
@@ -513,8 +527,16 @@ class TLSTransport(Transport):
 
     def _seal(self) -> bytes:
         """The inner transport takes its queue: the ciphertext of the plaintext
-        kept since (with records a read produced before it), or nothing if a
-        send took that plaintext first."""
+        kept since (with records a read produced before it), which a send may
+        have encrypted first.
+
+        Raises:
+            ssl.SSLError: the session failed (the kept messages are lost).
+        """
+        sealed = self._sealed
+        if sealed:
+            self._sealed = b""
+            return sealed
         if not self._plain:
             # Whatever is in the outgoing BIO now belongs to a send under way,
             # or to the next one: it must not go ahead of what that send read.
@@ -534,6 +556,9 @@ class TLSTransport(Transport):
                 sslobj = self._start_session()
             try:
                 self._encrypt_plain()  # (what was queued behind goes first)
+            except ssl.SSLError as exc:
+                raise BrokenResourceError(f"TLS error: {exc}") from exc
+            try:
                 sslobj.unwrap()
             except ssl.SSLWantReadError:
                 pass  # our close_notify is out; the peer's is not needed to go on reading
@@ -571,7 +596,11 @@ class TLSTransport(Transport):
                     sslobj.unwrap()
             except ssl.SSLError:
                 pass
-            if (self._unsent or self._outgoing.pending) and not self._inner.send_interrupted:
+            if (
+                (self._unsent or self._outgoing.pending)
+                and not self._send_interrupted  # (records lost: the peer could not read it)
+                and not self._inner.send_interrupted
+            ):
                 with CancelScope(shield=True) as scope:
                     scope.deadline = anyio.current_time() + CLOSE_NOTIFY_TIMEOUT
                     try:
