@@ -61,28 +61,26 @@ class CountingSocket(socket.socket):
         return super().sendmsg(*args)
 
 
-@pytest.mark.parametrize("kind", SOCKETS)
-async def test_a_stream_of_small_sends_is_written_a_burst_at_a_time(kind: str) -> None:
-    async with connected_pair(kind) as (client, server):
-        raw = client.extra(SocketAttribute.raw_socket)
-        count = 40 * YIELD_EVERY
-        got: list[Any] = []
+async def stream_counted(client: Any, server: Any, counted: Any, messages: list[Any]) -> None:
+    """Send ``messages`` in a stream from ``client`` while ``server`` reads them,
+    with ``counted`` (a live socket or SSLObject) swapped to its counting class."""
+    got: list[Any] = []
 
-        async def read() -> None:
-            got.extend(await receive_n(server, count))
+    async def read() -> None:
+        got.extend(await receive_n(server, len(messages)))
 
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(read)
-            raw.__class__ = CountingSocket
-            CountingSocket.writes = 0
-            try:
-                for n in range(count):
-                    await client.send(n)
-            finally:
-                raw.__class__ = socket.socket
-        assert got == list(range(count))
-        # one write per YIELD_EVERY messages (give or take the first and last)
-        assert CountingSocket.writes <= count // YIELD_EVERY + 2
+    plain = type(counted)
+    counting = CountingSocket if isinstance(counted, socket.socket) else CountingSSLObject
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read)
+        counted.__class__ = counting
+        counting.writes = 0
+        try:
+            for message in messages:
+                await client.send(message)
+        finally:
+            counted.__class__ = plain
+    assert got == messages
 
 
 class CountingSSLObject(ssl.SSLObject):
@@ -95,28 +93,25 @@ class CountingSSLObject(ssl.SSLObject):
         return super().write(data)
 
 
+@pytest.mark.parametrize("kind", SOCKETS)
+async def test_a_stream_of_small_sends_is_written_a_burst_at_a_time(kind: str) -> None:
+    async with connected_pair(kind) as (client, server):
+        count = 40 * YIELD_EVERY
+        raw = client.extra(SocketAttribute.raw_socket)
+        await stream_counted(client, server, raw, list(range(count)))
+        # one write per YIELD_EVERY messages (give or take the first and last)
+        assert CountingSocket.writes <= count // YIELD_EVERY + 2
+
+
 @pytest.mark.parametrize("kind", ["tls1.2", "tls1.3"])
 async def test_over_tls_a_stream_of_small_sends_is_encrypted_a_burst_at_a_time(
     kind: str,
 ) -> None:
     async with connected_pair(kind) as (client, server):
-        sslobj = client.extra(TLSAttribute.ssl_object)
         count = 40 * YIELD_EVERY
-        got: list[Any] = []
-
-        async def read() -> None:
-            got.extend(await receive_n(server, count))
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(read)
-            sslobj.__class__ = CountingSSLObject
-            CountingSSLObject.writes = 0
-            try:
-                for n in range(count):
-                    await client.send({"n": n, "pad": b"p" * (n % 50)})
-            finally:
-                sslobj.__class__ = ssl.SSLObject
-        assert got == [{"n": n, "pad": b"p" * (n % 50)} for n in range(count)]
+        sslobj = client.extra(TLSAttribute.ssl_object)
+        messages = [{"n": n, "pad": b"p" * (n % 50)} for n in range(count)]
+        await stream_counted(client, server, sslobj, messages)
         # at most two encryptions per YIELD_EVERY messages (give or take the first
         # and last): the queue's, and on trio that of the send that writes it
         assert CountingSSLObject.writes <= 2 * (count // YIELD_EVERY) + 2
@@ -387,20 +382,30 @@ async def test_the_transport_writes_a_queue_the_socket_cannot_take_as_it_drains(
         b.close()
 
 
-async def test_a_failed_queued_write_breaks_the_transport() -> None:
+@pytest.mark.parametrize("cause", ["peer closed", "seal failed"])
+@pytest.mark.parametrize("written_by", ["event loop", "next send"])
+async def test_a_failed_queued_write_breaks_the_transport(cause: str, written_by: str) -> None:
     a, b = socket.socketpair()
     transport = SocketTransport(a)
     try:
-        b.close()
-        assert transport.send_later([b"lost"])
-        await anyio.lowlevel.checkpoint()
-        await anyio.lowlevel.checkpoint()
-        assert transport.send_interrupted
-        assert not transport.send_later([b"more"])
+        if cause == "peer closed":
+            b.close()
+            assert transport.send_later([b"lost"])
+        else:
+            sealer = Sealer()
+            sealer.error = ValueError("the session above failed")
+            assert sealer.queue(transport, b"lost")
+        if written_by == "event loop":
+            await anyio.lowlevel.checkpoint()
+            await anyio.lowlevel.checkpoint()
+            assert transport.send_interrupted
+            assert not transport.send_later([b"more"])
         with pytest.raises(BrokenResourceError):
             await transport.send_all([b"more"])
+        assert transport.send_interrupted
     finally:
         await transport.aclose()
+        b.close()
 
 
 async def test_abort_and_aclose_write_the_queue() -> None:
@@ -493,24 +498,6 @@ async def test_a_sealed_reservation_is_made_once_when_the_queue_is_written() -> 
         # the reservation counts toward the queue's limit
         assert sealer.queue(transport, b"x" * (BEHIND_LIMIT - 10))
         assert not sealer.queue(transport, b"y" * 20)
-    finally:
-        await transport.aclose()
-        b.close()
-
-
-async def test_a_seal_that_fails_breaks_the_transport() -> None:
-    a, b = socket.socketpair()
-    transport = SocketTransport(a)
-    sealer = Sealer()
-    sealer.error = ValueError("the session above failed")
-    try:
-        assert sealer.queue(transport, b"lost")
-        await anyio.lowlevel.checkpoint()
-        await anyio.lowlevel.checkpoint()
-        assert sealer.seals == 1
-        assert transport.send_interrupted
-        with pytest.raises(BrokenResourceError):
-            await transport.send_all([b"more"])
     finally:
         await transport.aclose()
         b.close()
