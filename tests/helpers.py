@@ -7,7 +7,7 @@ import shutil
 import socket
 import ssl
 import tempfile
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, contextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -15,7 +15,7 @@ import pytest
 from anyio.abc import SocketAttribute
 
 import anyio_comm
-from anyio_comm import Comm
+from anyio_comm import Comm, _cancellation
 from anyio_comm._backend import current_backend
 from anyio_comm.testing import comm_pair
 
@@ -23,7 +23,7 @@ from .certs import client_context, server_context
 from .conftest import HAVE_IPV6, HAVE_UNIX
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 
 #: every way to get a connected pair of comms
 TRANSPORTS = [
@@ -162,3 +162,25 @@ def shrink_socket_buffers(
     of megabytes."""
     client.extra(SocketAttribute.raw_socket).setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
     server.extra(SocketAttribute.raw_socket).setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, size)
+
+
+@contextmanager
+def unknown_task_layout(monkeypatch: pytest.MonkeyPatch, *, trio: bool) -> Iterator[None]:
+    """Make the layout of trio's runner (``trio``) or of AnyIO's asyncio task
+    states one the comm's fast readers do not know, for the duration."""
+    if trio:
+        from trio._core import _run
+
+        monkeypatch.delattr(_run.Runner, "ki_pending")
+    else:
+        from anyio._backends import _asyncio as backend
+
+        monkeypatch.setattr(backend, "_task_states", object())
+    _cancellation._trio_layout.cache_clear()
+    _cancellation._anyio_layout.cache_clear()
+    try:
+        yield
+    finally:
+        monkeypatch.undo()
+        _cancellation._trio_layout.cache_clear()
+        _cancellation._anyio_layout.cache_clear()

@@ -11,8 +11,9 @@ from typing import TYPE_CHECKING
 import anyio
 import pytest
 
-from anyio_comm import _cancellation
 from anyio_comm._backend import current_backend
+
+from .helpers import unknown_task_layout
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -107,13 +108,6 @@ async def test_an_unknown_layout_falls_back_to_anyio(
 ) -> None:
     if anyio_backend_name == "trio":
         pytest.skip("trio's own function is used on trio: no layout is read")
-    from anyio._backends import _asyncio as backend
-
-    monkeypatch.setattr(backend, "_task_states", object())
-    _cancellation._anyio_layout.cache_clear()
-    try:
+    with unknown_task_layout(monkeypatch, trio=False):
         assert current_backend().effective_deadline is anyio.current_effective_deadline
-    finally:
-        monkeypatch.undo()
-        _cancellation._anyio_layout.cache_clear()
     assert current_backend().effective_deadline is not anyio.current_effective_deadline

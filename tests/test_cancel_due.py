@@ -10,10 +10,10 @@ import pytest
 from anyio import get_cancelled_exc_class
 from anyio.lowlevel import checkpoint_if_cancelled
 
-from anyio_comm import _backend, _cancellation
+from anyio_comm import _backend
 from anyio_comm._backend import current_backend
 
-from .helpers import SCOPE_ARRANGEMENTS, in_scopes
+from .helpers import SCOPE_ARRANGEMENTS, in_scopes, unknown_task_layout
 
 pytestmark = pytest.mark.anyio
 
@@ -65,20 +65,6 @@ async def test_the_comm_paths_read_the_layout(anyio_backend_name: str) -> None:
 async def test_an_unknown_layout_always_answers_yes(
     anyio_backend_name: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    if anyio_backend_name == "trio":
-        from trio._core import _run
-
-        monkeypatch.delattr(_run.Runner, "ki_pending")
-        _cancellation._trio_layout.cache_clear()
-    else:
-        from anyio._backends import _asyncio as backend
-
-        monkeypatch.setattr(backend, "_task_states", object())
-        _cancellation._anyio_layout.cache_clear()
-    try:
+    with unknown_task_layout(monkeypatch, trio=anyio_backend_name == "trio"):
         assert current_backend().cancel_due is _backend._always
-    finally:
-        monkeypatch.undo()
-        _cancellation._trio_layout.cache_clear()
-        _cancellation._anyio_layout.cache_clear()
     assert current_backend().cancel_due is not _backend._always
