@@ -54,15 +54,16 @@ stream.
   out-of-band buffer of the caller), made when the comm's previous operation
   did not wait for the peer, is queued by a socket transport instead of
   written (``Transport.send_later``; over TLS, the queue is encrypted as a
-  whole when it is written): the next send that writes writes the
-  queue with its own message in one gather write, or else the event loop does
-  in its next pass (on asyncio the yield of every ``YIELD_EVERY``-th operation
-  is that pass; on trio the yielding send writes the queue). A stream of small
-  messages then costs a system call per ``YIELD_EVERY`` messages rather than
-  per message, while a send after a wait (a reply) is written at once. A
-  failure of the queued write is raised by a later send; ``aclose()`` and
-  ``send_eof()`` write the queue first, ``abort()`` what the socket takes
-  at once.
+  whole when it is written): the next send that writes writes the queue
+  with its own message in one gather write, or else the event loop does in
+  its next pass, which the yield of every ``YIELD_EVERY``-th operation
+  provides (on trio the yielding send queues its message too, and its
+  shielded yield lets the flusher write the queue). A stream of small
+  messages then costs a system call, and over TLS one encryption, per
+  ``YIELD_EVERY`` messages rather than per message, while a send after a
+  wait (a reply) is written at once. A failure of the queued write is raised
+  by a later send; ``aclose()`` and ``send_eof()`` write the queue first,
+  ``abort()`` what the socket takes at once.
 
 Receiving and sending are independent (one task may receive while another
 sends), but at most one task receives and one task sends at a time.
@@ -887,16 +888,15 @@ class Comm(ObjectStream[Any]):
             elif self._cancel_due():
                 await self._check_cancelled()
             transport = self._transport
-            if (
-                not self._waited
-                and (trio_lowlevel is None or not yield_due)
-                and transport.send_later(iov)
-            ):
+            if not self._waited and transport.send_later(iov):
                 # Not a reply: written behind, with the next send that writes or
                 # in the event loop's next pass (see the module docstring). On
-                # asyncio a yield above wrote what was queued before.
+                # asyncio a yield above wrote what was queued before; on trio
+                # the yield below lets the flusher write the queue.
                 if yield_due:
                     self._unyielded = 0
+                    if trio_lowlevel is not None:
+                        await trio_lowlevel.cancel_shielded_checkpoint()
                 else:
                     self._unyielded += 1
                 return refused

@@ -112,9 +112,8 @@ async def test_over_tls_a_stream_of_small_sends_is_encrypted_a_burst_at_a_time(
         sslobj = client.extra(TLSAttribute.ssl_object)
         messages = [{"n": n, "pad": b"p" * (n % 50)} for n in range(count)]
         await stream_counted(client, server, sslobj, messages)
-        # at most two encryptions per YIELD_EVERY messages (give or take the first
-        # and last): the queue's, and on trio that of the send that writes it
-        assert CountingSSLObject.writes <= 2 * (count // YIELD_EVERY) + 2
+        # one encryption per YIELD_EVERY messages (give or take the first and last)
+        assert CountingSSLObject.writes <= count // YIELD_EVERY + 2
 
 
 @pytest.mark.parametrize("kind", SOCKETS)
