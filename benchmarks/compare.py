@@ -9,6 +9,9 @@ of each case. Systems (``benchmarks/systems/``, one module each):
   ``Comm.send`` / ``Comm.receive`` (msgpack body, out-of-band frames);
 * ``floor``: the same bytes with no library: an asyncio ``BufferedProtocol``
   (asyncio, uvloop) or ``trio.socket`` ``recv_into``/``sendmsg`` (trio);
+* ``floor-task`` (diagnostic): the asyncio/uvloop floor's server answering from a
+  task per connection woken through a future per message it waits for, the least a
+  per-message API that hands messages to a task can cost;
 * ``floor-blocking``: blocking sockets, a server thread per connection,
   ``recv_into``/``sendmsg`` (backend ``threads``);
 * ``floor-reader`` (diagnostic, only when named in ``--systems``): the asyncio

@@ -138,3 +138,78 @@ def test_the_plain_anyio_echo_echoes_on_every_backend(tmp_path: Path) -> None:
         for frames in (1, 3)
     }
     assert {r["backend"] for r in results if r["tls"] is not None} == {"asyncio", *installed}
+
+
+def test_the_task_floor_echoes_over_tcp_and_tls(tmp_path: Path) -> None:
+    # The diagnostic task floor in its own processes, on asyncio and uvloop, small and
+    # large messages, plain and TLS: the replies are checked by the floor's client.
+    out = tmp_path / "floor-task.json"
+    args = "--sizes 1e3,2e5 --frames 1,3 --concurrency 2 --tls both --tls-sizes 1e3"
+    args += " --tls-frames 1 --no-many --systems floor-task --repeat 1 --seconds 0.2"
+    args += " --warmup 0.1 --json"
+    subprocess.run(
+        [sys.executable, "-m", "benchmarks.compare", *args.split(), str(out)],
+        cwd=Path(__file__).parents[1],
+        check=True,
+        capture_output=True,
+        timeout=180,
+    )
+    results = json.loads(out.read_text())["results"]
+    installed = ["uvloop"] if importlib.util.find_spec("uvloop") is not None else []
+    assert all("error" not in r and r["round_trips"] > 0 for r in results), results
+    assert {(r["backend"], r["size"], r["frames"], r["tls"] is None) for r in results} == {
+        *(
+            (b, size, frames, True)
+            for b in ["asyncio", *installed]
+            for size in (1000, 200_000)
+            for frames in (1, 3)
+        ),
+        *((b, 1000, 1, False) for b in ["asyncio", *installed]),
+    }
+
+
+def test_the_task_floor_answers_messages_that_arrived_together_in_order() -> None:
+    # Messages parsed in one callback wake the connection's task once, and it answers
+    # them all, in order; a message arriving while it waits wakes it again.
+    import asyncio
+
+    from benchmarks.systems.floor_task import _TaskEchoProtocol
+    from benchmarks.systems.framing import pack_header
+
+    class Transport:
+        def __init__(self) -> None:
+            self.written: list[bytes] = []
+
+        def write(self, data: bytes) -> None:
+            self.written.append(bytes(data))
+
+    class Counter:
+        n = 0
+
+    def message(tag: int) -> bytes:
+        frames = [bytes([tag]) * 10, bytes([tag + 1]) * 20]
+        return pack_header(frames) + b"".join(frames)
+
+    def feed(protocol: _TaskEchoProtocol, data: bytes) -> None:
+        buffer = protocol.get_buffer(-1)
+        buffer[: len(data)] = data
+        protocol.buffer_updated(len(data))
+
+    async def main() -> None:
+        counter = Counter()
+        protocol = _TaskEchoProtocol(counter)
+        transport = Transport()
+        protocol.connection_made(transport)  # type: ignore[arg-type]
+        await asyncio.sleep(0)  # the task starts and waits
+        feed(protocol, message(1) + message(3) + message(5))
+        await asyncio.sleep(0)
+        assert transport.written == [message(1), message(3), message(5)]
+        feed(protocol, message(7))
+        await asyncio.sleep(0)
+        assert transport.written[3:] == [message(7)]
+        assert counter.n == 4
+        protocol.connection_lost(None)
+        await asyncio.sleep(0)
+        assert protocol.task is not None and protocol.task.cancelled()
+
+    asyncio.run(main())

@@ -112,6 +112,16 @@ SYSTEMS: dict[str, System] = {
             "floor's",
         ),
         System(
+            "floor-task",
+            ("asyncio", "uvloop"),
+            ("asyncio", "uvloop"),
+            tuple((backend, "floor_task") for backend in ("asyncio", "uvloop")),
+            diagnostic=True,
+            description="the asyncio/uvloop floor's server with a task per connection woken "
+            "through a future for each message it waits for: the least a per-message API that "
+            "hands messages to a task can cost, to tell which targets such an API can reach",
+        ),
+        System(
             "floor-blocking",
             ("threads",),
             ("threads",),
