@@ -638,6 +638,56 @@ async def test_ragged_eof_inside_a_message_breaks_receive(
                     await comm.receive_frames()
 
 
+async def test_a_bad_record_behind_a_message_breaks_the_next_receive(
+    tls_version: ssl.TLSVersion,
+) -> None:
+    """A message's record and a forged one behind it, in one TCP segment: the message
+    is received, and the next receive raises BrokenResourceError (OpenSSL took the
+    forged record while the message was read: the error is not lost with it)."""
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    sslobj = server_context(tls_version).wrap_bio(incoming, outgoing, server_side=True)
+
+    async def serve(tcp_listener: anyio.abc.SocketListener) -> None:
+        async with await tcp_listener.accept() as stream:
+            while True:  # the handshake, over the BIOs
+                try:
+                    sslobj.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    if outgoing.pending:
+                        await stream.send(outgoing.read())
+                    incoming.write(await stream.receive())
+            sslobj.write(encode_preamble(Limits()))
+            await stream.send(outgoing.read())
+            received = b""
+            while len(received) < PREAMBLE_SIZE:
+                try:
+                    received += sslobj.read(PREAMBLE_SIZE)
+                except ssl.SSLWantReadError:
+                    incoming.write(await stream.receive())
+            sslobj.write(encode_header([5]) + b"hello")
+            message = outgoing.read()
+            sslobj.write(b"forged")
+            forged = bytearray(outgoing.read())
+            forged[-1] ^= 1  # (the record's authentication tag no longer matches)
+            await stream.send(message + bytes(forged))
+            await anyio.sleep(10)  # (keeps TCP open: only the record can end it)
+
+    multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
+    async with multi, anyio.create_task_group() as tg:
+        (tcp_listener,) = multi.listeners
+        tg.start_soon(serve, tcp_listener)
+        port = tcp_listener.extra(SocketAttribute.local_port)
+        with anyio.fail_after(5):
+            async with await anyio_comm.connect(
+                f"tls://127.0.0.1:{port}", ssl_context=client_context(tls_version), timeout=5
+            ) as comm:
+                assert [bytes(f) for f in await comm.receive_frames()] == [b"hello"]
+                with pytest.raises(BrokenResourceError, match="TLS error"):
+                    await comm.receive_frames()
+        tg.cancel_scope.cancel()
+
+
 @pytest.mark.parametrize("closer", ["client", "server"])
 async def test_close_notify_is_a_clean_end_whatever_the_eof_option(
     tls_version: ssl.TLSVersion,

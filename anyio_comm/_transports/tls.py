@@ -14,7 +14,10 @@ protocol or a non-blocking ``SSLSocket``, this keeps our own receive path:
   256 KiB, and feed it to the incoming BIO. Like every transport, the
   receive never waits (:meth:`TLSTransport.receive_into_nowait` returns
   ``None`` when neither OpenSSL nor the socket has anything); waiting is the
-  inner transport's :meth:`~TLSTransport.wait_readable`.
+  inner transport's :meth:`~TLSTransport.wait_readable`. When OpenSSL holds
+  nothing to work on (no ciphertext in the BIO, no plaintext left of a record)
+  the receive goes to the socket first, without a ``read()`` that would only
+  raise ``SSLWantReadError``: an exception less per message.
 * send: the plaintext buffers are encrypted in slices of at most 64 KiB and
   the ciphertext is flushed to the inner transport whenever 64 KiB of it has
   built up, and at the end of the message: a small message is one write, and
@@ -31,9 +34,12 @@ protocol or a non-blocking ``SSLSocket``, this keeps our own receive path:
   3.11.3 sets ``ssl.OP_IGNORE_UNEXPECTED_EOF`` on every context it makes
   (so does any user who asks for it), and OpenSSL then reports a ragged EOF
   exactly as it reports ``close_notify``. The incoming BIO tells the two
-  apart: the end of the TCP stream is fed to it only after OpenSSL asked for
-  more ciphertext, so every complete record before that end, a
-  ``close_notify`` included, has been read by then. An end of the session
+  apart: the end of the TCP stream is fed to it only once OpenSSL has read
+  every byte it was given, and after a ``read()`` that returned bytes before
+  the session ended, only after OpenSSL was asked again, so every complete
+  record before that end, a ``close_notify`` included, has been read by then.
+  A TLS error met after a ``read()`` received bytes is kept and raised by the
+  next one (OpenSSL would report an end of file then). An end of the session
   that OpenSSL reports once the BIO is at its end, with no ``close_notify``
   read before, is a ragged EOF. The context is neither changed nor refused.
   ``send_eof()`` sends ``close_notify`` and keeps reading (TLS half-close).
@@ -165,10 +171,12 @@ class TLSTransport(Transport):
         "_peer_first_bytes",
         "_pending_counted",
         "_plain",
+        "_read_again",
         "_sealed",
         "_send_interrupted",
         "_sending",
         "_ssl",
+        "_tls_error",
         "_unsent",
     )
 
@@ -201,6 +209,11 @@ class TLSTransport(Transport):
         self._eof = False
         self._unsent = b""
         self._peer_first_bytes = b""
+        # a read returned bytes before OpenSSL ended the session or failed: the
+        # next one must ask OpenSSL first (see receive_into_nowait)
+        self._read_again = False
+        # the TLS error a read met after it had received bytes: for the next one
+        self._tls_error: ssl.SSLError | None = None
         # plaintext of small sends queued behind (see send_later); the outgoing
         # BIO's bytes counted in the room reserved for it; its ciphertext once a
         # send encrypted it first, for the inner transport's queue to take
@@ -371,33 +384,47 @@ class TLSTransport(Transport):
         while True:
             if self._closed:
                 raise ClosedResourceError
-            try:
-                # One call decrypts at most one record (16 KiB): keep going while
-                # ciphertext is buffered, so a large frame costs one pass of the
-                # receive loop per ciphertext chunk, not per record.
-                # With a buffer, read() returns a count (typeshed says bytes).
-                count: int = sslobj.read(  # type: ignore[assignment]
-                    nbytes - received, buffer[received:] if received else buffer
-                )
-                if not count:  # the session ended
-                    return self._end_of_session(received, None)
-                received += count
-                if received == nbytes or not (incoming.pending or sslobj.pending()):
-                    return received
-                continue
-            except ssl.SSLWantReadError:
-                if received:
-                    return received
-            except ssl.SSLZeroReturnError as exc:
-                return self._end_of_session(received, exc)
-            except ssl.SSLEOFError as exc:
-                if received:
-                    return received
-                raise BrokenResourceError(RAGGED_EOF) from exc
-            except ssl.SSLError as exc:
-                if received:
-                    return received  # the error is raised again on the next call
-                raise BrokenResourceError(f"TLS error: {exc}") from exc
+            if self._tls_error is not None:
+                raise BrokenResourceError(f"TLS error: {self._tls_error}") from self._tls_error
+            # OpenSSL has nothing to work on when no ciphertext is buffered, no
+            # plaintext held, no end fed to it and the session neither ended nor
+            # failed in a read that returned bytes first (Python never turns
+            # read-ahead on, so a record it holds in part needs more bytes):
+            # receive first, rather than have read() say so with an
+            # SSLWantReadError, which cost an exception or two per message.
+            if incoming.pending or incoming.eof or self._read_again or sslobj.pending():
+                try:
+                    # One call decrypts at most one record (16 KiB): keep going
+                    # while ciphertext is buffered, so a large frame costs one pass
+                    # of the receive loop per ciphertext chunk, not per record.
+                    # With a buffer, read() returns a count (typeshed says bytes).
+                    count: int = sslobj.read(  # type: ignore[assignment]
+                        nbytes - received, buffer[received:] if received else buffer
+                    )
+                    if not count:  # the session ended
+                        return self._end_of_session(received, None)
+                    received += count
+                    if received == nbytes or not (incoming.pending or sslobj.pending()):
+                        return received
+                    continue
+                except ssl.SSLWantReadError:
+                    if received:
+                        return received
+                except ssl.SSLZeroReturnError as exc:
+                    return self._end_of_session(received, exc)
+                except ssl.SSLEOFError as exc:
+                    if received:
+                        self._read_again = True
+                        return received
+                    raise BrokenResourceError(RAGGED_EOF) from exc
+                except ssl.SSLError as exc:
+                    if received:
+                        # raised by the next call (OpenSSL would then report an
+                        # end of file instead): without its traceback, which
+                        # holds this frame
+                        self._tls_error = exc.with_traceback(None)
+                        return received
+                    raise BrokenResourceError(f"TLS error: {exc}") from exc
             n = self._inner.receive_into_nowait(self._cipher)
             if n is None:
                 return None
@@ -412,6 +439,7 @@ class TLSTransport(Transport):
                 ``close_notify`` (a ragged EOF, reported as the end of the session
                 under ``OP_IGNORE_UNEXPECTED_EOF``: see the module docstring).
         """
+        self._read_again = True  # (OpenSSL took close_notify: it says so again)
         # After close_notify OpenSSL never asks for ciphertext again, so the
         # end of the TCP stream was fed to it (after it asked, with nothing
         # received) only if this is a ragged EOF.
