@@ -638,18 +638,20 @@ async def test_ragged_eof_inside_a_message_breaks_receive(
                     await comm.receive_frames()
 
 
-async def test_a_bad_record_behind_a_message_breaks_the_next_receive(
+@asynccontextmanager
+async def bio_tls_server(
     tls_version: ssl.TLSVersion,
-) -> None:
-    """A message's record and a forged one behind it, in one TCP segment: the message
-    is received, and the next receive raises BrokenResourceError (OpenSSL took the
-    forged record while the message was read: the error is not lost with it)."""
+    then: Callable[[ssl.SSLObject, ssl.MemoryBIO, anyio.abc.SocketStream], Awaitable[object]],
+) -> AsyncIterator[int]:
+    """A TLS server over an ``SSLObject`` and memory BIOs on 127.0.0.1 (yields its port)
+    for one client: the handshake, a preamble each way, then ``then(sslobj, outgoing,
+    tcp_stream)``, which writes what ciphertext it likes; then TCP closes."""
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     sslobj = server_context(tls_version).wrap_bio(incoming, outgoing, server_side=True)
 
     async def serve(tcp_listener: anyio.abc.SocketListener) -> None:
         async with await tcp_listener.accept() as stream:
-            while True:  # the handshake, over the BIOs
+            while True:
                 try:
                     sslobj.do_handshake()
                     break
@@ -665,19 +667,35 @@ async def test_a_bad_record_behind_a_message_breaks_the_next_receive(
                     received += sslobj.read(PREAMBLE_SIZE)
                 except ssl.SSLWantReadError:
                     incoming.write(await stream.receive())
-            sslobj.write(encode_header([5]) + b"hello")
-            message = outgoing.read()
-            sslobj.write(b"forged")
-            forged = bytearray(outgoing.read())
-            forged[-1] ^= 1  # (the record's authentication tag no longer matches)
-            await stream.send(message + bytes(forged))
-            await anyio.sleep(10)  # (keeps TCP open: only the record can end it)
+            await then(sslobj, outgoing, stream)
 
     multi = await anyio.create_tcp_listener(local_host="127.0.0.1")
     async with multi, anyio.create_task_group() as tg:
         (tcp_listener,) = multi.listeners
         tg.start_soon(serve, tcp_listener)
-        port = tcp_listener.extra(SocketAttribute.local_port)
+        yield tcp_listener.extra(SocketAttribute.local_port)
+        tg.cancel_scope.cancel()
+
+
+async def test_a_bad_record_behind_a_message_breaks_the_next_receive(
+    tls_version: ssl.TLSVersion,
+) -> None:
+    """A message's record and a forged one behind it, in one TCP segment: the message
+    is received, and the next receive raises BrokenResourceError (OpenSSL took the
+    forged record while the message was read: the error is not lost with it)."""
+
+    async def message_then_forged_record(
+        sslobj: ssl.SSLObject, outgoing: ssl.MemoryBIO, stream: anyio.abc.SocketStream
+    ) -> None:
+        sslobj.write(encode_header([5]) + b"hello")
+        message = outgoing.read()
+        sslobj.write(b"forged")
+        forged = bytearray(outgoing.read())
+        forged[-1] ^= 1  # (the record's authentication tag no longer matches)
+        await stream.send(message + bytes(forged))
+        await anyio.sleep(10)  # (keeps TCP open: only the record can end it)
+
+    async with bio_tls_server(tls_version, message_then_forged_record) as port:
         with anyio.fail_after(5):
             async with await anyio_comm.connect(
                 f"tls://127.0.0.1:{port}", ssl_context=client_context(tls_version), timeout=5
@@ -685,7 +703,38 @@ async def test_a_bad_record_behind_a_message_breaks_the_next_receive(
                 assert [bytes(f) for f in await comm.receive_frames()] == [b"hello"]
                 with pytest.raises(BrokenResourceError, match="TLS error"):
                     await comm.receive_frames()
-        tg.cancel_scope.cancel()
+
+
+@pytest.mark.parametrize("size", [5, 100_000])
+@pytest.mark.parametrize("peer", ["closes TCP", "keeps TCP open"])
+async def test_close_notify_behind_a_message_is_a_clean_end_after_send_eof(
+    tls_version: ssl.TLSVersion, size: int, peer: str
+) -> None:
+    """The peer sends a message and close_notify in one segment; we receive the
+    message, then send_eof() (whose shutdown may read the peer's close_notify first),
+    then receive: a clean end, whether the peer then closes TCP or not."""
+
+    async def message_and_close_notify(
+        sslobj: ssl.SSLObject, outgoing: ssl.MemoryBIO, stream: anyio.abc.SocketStream
+    ) -> None:
+        sslobj.write(encode_header([size]) + b"h" * size)
+        with contextlib.suppress(ssl.SSLError):
+            sslobj.unwrap()  # (writes close_notify first, whatever it says then)
+        await stream.send(outgoing.read())
+        with anyio.move_on_after(5):
+            await stream.receive()  # the client's close_notify
+        if peer == "keeps TCP open":
+            await anyio.sleep(10)
+
+    async with bio_tls_server(tls_version, message_and_close_notify) as port:
+        with anyio.fail_after(5):
+            async with await anyio_comm.connect(
+                f"tls://127.0.0.1:{port}", ssl_context=client_context(tls_version), timeout=5
+            ) as comm:
+                assert [len(f) for f in await comm.receive_frames()] == [size]
+                await comm.send_eof()
+                with pytest.raises(EndOfStream):
+                    await comm.receive_frames()
 
 
 @pytest.mark.parametrize("closer", ["client", "server"])

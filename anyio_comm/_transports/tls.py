@@ -36,7 +36,8 @@ protocol or a non-blocking ``SSLSocket``, this keeps our own receive path:
   exactly as it reports ``close_notify``. The incoming BIO tells the two
   apart: the end of the TCP stream is fed to it only once OpenSSL has read
   every byte it was given, and after a ``read()`` that returned bytes before
-  the session ended, only after OpenSSL was asked again, so every complete
+  the session ended (or after ``send_eof()``'s ``unwrap()`` took the peer's
+  ``close_notify``), only after OpenSSL was asked again, so every complete
   record before that end, a ``close_notify`` included, has been read by then.
   A TLS error met after a ``read()`` received bytes is kept and raised by the
   next one (OpenSSL would report an end of file then). An end of the session
@@ -592,6 +593,10 @@ class TLSTransport(Transport):
                 pass  # our close_notify is out; the peer's is not needed to go on reading
             except ssl.SSLError as exc:
                 raise BrokenResourceError(f"TLS error: {exc}") from exc
+            else:
+                # It took the peer's close_notify from the incoming BIO: the next
+                # read must ask OpenSSL, which says the session ended
+                self._read_again = True
             # From here on the session cannot send data (send_all raises
             # ClosedResourceError, as after a completed send_eof): if the write
             # below is cancelled before it wrote anything, calling send_eof()
