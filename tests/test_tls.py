@@ -737,6 +737,39 @@ async def test_close_notify_behind_a_message_is_a_clean_end_after_send_eof(
                     await comm.receive_frames()
 
 
+@pytest.mark.parametrize("size", [5, 100_000])
+async def test_send_eof_keeps_the_peers_data_already_received(
+    tls_version: ssl.TLSVersion, size: int
+) -> None:
+    """Two messages arrive in one segment; we receive the first, send_eof() (the TLS
+    shutdown, which looks for the peer's close_notify), then receive the second: data
+    that arrived before our close_notify is still read after it (TLS half-close)."""
+
+    async def two_messages(
+        sslobj: ssl.SSLObject, outgoing: ssl.MemoryBIO, stream: anyio.abc.SocketStream
+    ) -> None:
+        sslobj.write(encode_header([size]) + b"a" * size)
+        sslobj.write(encode_header([5]) + b"later")
+        await stream.send(outgoing.read())
+        with anyio.move_on_after(5):
+            await stream.receive()  # the client's close_notify
+        with contextlib.suppress(ssl.SSLError):
+            sslobj.unwrap()
+        await stream.send(outgoing.read())
+        await anyio.sleep(10)
+
+    async with bio_tls_server(tls_version, two_messages) as port:
+        with anyio.fail_after(5):
+            async with await anyio_comm.connect(
+                f"tls://127.0.0.1:{port}", ssl_context=client_context(tls_version), timeout=5
+            ) as comm:
+                assert [len(f) for f in await comm.receive_frames()] == [size]
+                await comm.send_eof()
+                assert [bytes(f) for f in await comm.receive_frames()] == [b"later"]
+                with pytest.raises(EndOfStream):
+                    await comm.receive_frames()
+
+
 @pytest.mark.parametrize("closer", ["client", "server"])
 async def test_close_notify_is_a_clean_end_whatever_the_eof_option(
     tls_version: ssl.TLSVersion,

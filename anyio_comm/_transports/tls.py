@@ -162,6 +162,7 @@ class TLSTransport(Transport):
 
     __slots__ = (
         "_cipher",
+        "_cipher_ended",
         "_closed",
         "_context",
         "_eof",
@@ -200,6 +201,7 @@ class TLSTransport(Transport):
         # _start_session): a client that sends nothing costs neither.
         self._ssl: ssl.SSLObject | None = None
         self._cipher = _NO_CIPHER
+        self._cipher_ended = False  # the end of the TCP stream was fed to OpenSSL
         if not server_side:
             self._start_session(server_side=False, server_hostname=server_hostname)
         self._closed = False
@@ -276,6 +278,7 @@ class TLSTransport(Transport):
                 self._cipher = memoryview(bytearray(min(CHUNK, 4 * n)))
         else:
             self._incoming.write_eof()
+            self._cipher_ended = True
 
     async def _fill(self) -> None:
         """Receive ciphertext into the incoming BIO (EOF included), waiting if need
@@ -587,6 +590,11 @@ class TLSTransport(Transport):
                 self._encrypt_plain()  # (what was queued behind goes first)
             except ssl.SSLError as exc:
                 raise BrokenResourceError(f"TLS error: {exc}") from exc
+            # unwrap() reads the incoming BIO for the peer's close_notify, and
+            # refuses records of data it finds there first (they would be lost):
+            # the ciphertext not read yet is held out of the BIO meanwhile.
+            incoming = self._incoming
+            held = incoming.read() if incoming.pending and not self._cipher_ended else b""
             try:
                 sslobj.unwrap()
             except ssl.SSLWantReadError:
@@ -597,6 +605,9 @@ class TLSTransport(Transport):
                 # It took the peer's close_notify from the incoming BIO: the next
                 # read must ask OpenSSL, which says the session ended
                 self._read_again = True
+            finally:
+                if held:
+                    incoming.write(held)
             # From here on the session cannot send data (send_all raises
             # ClosedResourceError, as after a completed send_eof): if the write
             # below is cancelled before it wrote anything, calling send_eof()
