@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,21 +92,28 @@ def test_the_report_says_how_long_the_warm_up_lasted() -> None:
     assert "after a warm-up of 0.3 s and 8 round trips per connection, best of" in report
 
 
-def test_the_floors_reusing_buffers_echo_on_every_backend(tmp_path: Path) -> None:
-    # A short run of the diagnostic system in its own processes: every backend's
-    # server and client complete round trips of several large frames (the sizes of
-    # the replies are checked by the system itself, a failing check fails the case).
-    out = tmp_path / "floor-reuse.json"
-    args = "--sizes 2e5 --frames 3 --concurrency 2 --tls off --no-many --systems floor-reuse"
+def _run_compare(tmp_path: Path, args: str, timeout: float) -> list[dict[str, Any]]:
+    """Run ``python -m benchmarks.compare`` with ``args`` (a short run, in its own
+    processes) and return its results from the JSON report."""
+    out = tmp_path / "compare.json"
     args += " --repeat 1 --seconds 0.2 --warmup 0.1 --json"
     subprocess.run(
         [sys.executable, "-m", "benchmarks.compare", *args.split(), str(out)],
         cwd=Path(__file__).parents[1],
         check=True,
         capture_output=True,
-        timeout=120,
+        timeout=timeout,
     )
-    results = json.loads(out.read_text())["results"]
+    results: list[dict[str, Any]] = json.loads(out.read_text())["results"]
+    return results
+
+
+def test_the_floors_reusing_buffers_echo_on_every_backend(tmp_path: Path) -> None:
+    # A short run of the diagnostic system in its own processes: every backend's
+    # server and client complete round trips of several large frames (the sizes of
+    # the replies are checked by the system itself, a failing check fails the case).
+    args = "--sizes 2e5 --frames 3 --concurrency 2 --tls off --no-many --systems floor-reuse"
+    results = _run_compare(tmp_path, args, timeout=120)
     # (a backend whose package is not installed is skipped with a note)
     installed = [b for b in ("uvloop", "trio") if importlib.util.find_spec(b) is not None]
     assert {r["backend"]: r["round_trips"] > 0 for r in results} == dict.fromkeys(
@@ -116,18 +124,9 @@ def test_the_floors_reusing_buffers_echo_on_every_backend(tmp_path: Path) -> Non
 def test_the_plain_anyio_echo_echoes_on_every_backend(tmp_path: Path) -> None:
     # The plainest hand-written AnyIO echo, small and large messages, over TCP and
     # TLS: its replies are checked by the system itself (a failing check fails the case).
-    out = tmp_path / "anyio-echo.json"
     args = "--sizes 1e3,2e5 --frames 1,3 --concurrency 2 --tls both --tls-sizes 1e3"
-    args += " --tls-frames 1 --no-many --systems anyio-echo --repeat 1 --seconds 0.2"
-    args += " --warmup 0.1 --json"
-    subprocess.run(
-        [sys.executable, "-m", "benchmarks.compare", *args.split(), str(out)],
-        cwd=Path(__file__).parents[1],
-        check=True,
-        capture_output=True,
-        timeout=180,
-    )
-    results = json.loads(out.read_text())["results"]
+    args += " --tls-frames 1 --no-many --systems anyio-echo"
+    results = _run_compare(tmp_path, args, timeout=180)
     installed = [b for b in ("uvloop", "trio") if importlib.util.find_spec(b) is not None]
     assert all("error" not in r and r["round_trips"] > 0 for r in results), results
     plain = {(r["backend"], r["size"], r["frames"]) for r in results if r["tls"] is None}
@@ -143,18 +142,9 @@ def test_the_plain_anyio_echo_echoes_on_every_backend(tmp_path: Path) -> None:
 def test_the_task_floor_echoes_over_tcp_and_tls(tmp_path: Path) -> None:
     # The diagnostic task floor in its own processes, on asyncio and uvloop, small and
     # large messages, plain and TLS: the replies are checked by the floor's client.
-    out = tmp_path / "floor-task.json"
     args = "--sizes 1e3,2e5 --frames 1,3 --concurrency 2 --tls both --tls-sizes 1e3"
-    args += " --tls-frames 1 --no-many --systems floor-task --repeat 1 --seconds 0.2"
-    args += " --warmup 0.1 --json"
-    subprocess.run(
-        [sys.executable, "-m", "benchmarks.compare", *args.split(), str(out)],
-        cwd=Path(__file__).parents[1],
-        check=True,
-        capture_output=True,
-        timeout=180,
-    )
-    results = json.loads(out.read_text())["results"]
+    args += " --tls-frames 1 --no-many --systems floor-task"
+    results = _run_compare(tmp_path, args, timeout=180)
     installed = ["uvloop"] if importlib.util.find_spec("uvloop") is not None else []
     assert all("error" not in r and r["round_trips"] > 0 for r in results), results
     assert {(r["backend"], r["size"], r["frames"], r["tls"] is None) for r in results} == {

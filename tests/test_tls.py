@@ -639,13 +639,13 @@ async def test_ragged_eof_inside_a_message_breaks_receive(
 
 
 @asynccontextmanager
-async def bio_tls_server(
+async def bio_tls_client(
     tls_version: ssl.TLSVersion,
     then: Callable[[ssl.SSLObject, ssl.MemoryBIO, anyio.abc.SocketStream], Awaitable[object]],
-) -> AsyncIterator[int]:
-    """A TLS server over an ``SSLObject`` and memory BIOs on 127.0.0.1 (yields its port)
-    for one client: the handshake, a preamble each way, then ``then(sslobj, outgoing,
-    tcp_stream)``, which writes what ciphertext it likes; then TCP closes."""
+) -> AsyncIterator[Comm]:
+    """A comm connected (within 5 s) to a TLS server over an ``SSLObject`` and memory
+    BIOs on 127.0.0.1: the handshake, a preamble each way, then ``then(sslobj,
+    outgoing, tcp_stream)``, which writes what ciphertext it likes; then TCP closes."""
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     sslobj = server_context(tls_version).wrap_bio(incoming, outgoing, server_side=True)
 
@@ -673,7 +673,13 @@ async def bio_tls_server(
     async with multi, anyio.create_task_group() as tg:
         (tcp_listener,) = multi.listeners
         tg.start_soon(serve, tcp_listener)
-        yield tcp_listener.extra(SocketAttribute.local_port)
+        port = tcp_listener.extra(SocketAttribute.local_port)
+        with anyio.fail_after(5):
+            comm = await anyio_comm.connect(
+                f"tls://127.0.0.1:{port}", ssl_context=client_context(tls_version), timeout=5
+            )
+        async with comm:
+            yield comm
         tg.cancel_scope.cancel()
 
 
@@ -695,14 +701,11 @@ async def test_a_bad_record_behind_a_message_breaks_the_next_receive(
         await stream.send(message + bytes(forged))
         await anyio.sleep(10)  # (keeps TCP open: only the record can end it)
 
-    async with bio_tls_server(tls_version, message_then_forged_record) as port:
+    async with bio_tls_client(tls_version, message_then_forged_record) as comm:
         with anyio.fail_after(5):
-            async with await anyio_comm.connect(
-                f"tls://127.0.0.1:{port}", ssl_context=client_context(tls_version), timeout=5
-            ) as comm:
-                assert [bytes(f) for f in await comm.receive_frames()] == [b"hello"]
-                with pytest.raises(BrokenResourceError, match="TLS error"):
-                    await comm.receive_frames()
+            assert [bytes(f) for f in await comm.receive_frames()] == [b"hello"]
+            with pytest.raises(BrokenResourceError, match="TLS error"):
+                await comm.receive_frames()
 
 
 @pytest.mark.parametrize("size", [5, 100_000])
@@ -726,15 +729,12 @@ async def test_close_notify_behind_a_message_is_a_clean_end_after_send_eof(
         if peer == "keeps TCP open":
             await anyio.sleep(10)
 
-    async with bio_tls_server(tls_version, message_and_close_notify) as port:
+    async with bio_tls_client(tls_version, message_and_close_notify) as comm:
         with anyio.fail_after(5):
-            async with await anyio_comm.connect(
-                f"tls://127.0.0.1:{port}", ssl_context=client_context(tls_version), timeout=5
-            ) as comm:
-                assert [len(f) for f in await comm.receive_frames()] == [size]
-                await comm.send_eof()
-                with pytest.raises(EndOfStream):
-                    await comm.receive_frames()
+            assert [len(f) for f in await comm.receive_frames()] == [size]
+            await comm.send_eof()
+            with pytest.raises(EndOfStream):
+                await comm.receive_frames()
 
 
 @pytest.mark.parametrize("size", [5, 100_000])
@@ -758,16 +758,13 @@ async def test_send_eof_keeps_the_peers_data_already_received(
         await stream.send(outgoing.read())
         await anyio.sleep(10)
 
-    async with bio_tls_server(tls_version, two_messages) as port:
+    async with bio_tls_client(tls_version, two_messages) as comm:
         with anyio.fail_after(5):
-            async with await anyio_comm.connect(
-                f"tls://127.0.0.1:{port}", ssl_context=client_context(tls_version), timeout=5
-            ) as comm:
-                assert [len(f) for f in await comm.receive_frames()] == [size]
-                await comm.send_eof()
-                assert [bytes(f) for f in await comm.receive_frames()] == [b"later"]
-                with pytest.raises(EndOfStream):
-                    await comm.receive_frames()
+            assert [len(f) for f in await comm.receive_frames()] == [size]
+            await comm.send_eof()
+            assert [bytes(f) for f in await comm.receive_frames()] == [b"later"]
+            with pytest.raises(EndOfStream):
+                await comm.receive_frames()
 
 
 @pytest.mark.parametrize("closer", ["client", "server"])
