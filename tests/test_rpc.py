@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextvars
 import math
 import random
+import time
 from contextlib import asynccontextmanager, suppress
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ import pytest
 from anyio.lowlevel import checkpoint
 
 import anyio_comm
+import anyio_comm.testing
 from anyio_comm import rpc
 from anyio_comm._sansio.close import CloseCode
 from anyio_comm.rpc._protocol import Call, ErrorCode, decode
@@ -217,6 +219,60 @@ async def test_the_server_enforces_the_deadline_it_was_sent() -> None:
                 reply = decode(await comm.receive())
             assert reply.id == 7 and reply.code is ErrorCode.DEADLINE_EXCEEDED  # type: ignore[union-attr]
             assert methods.cancelled == ["server"]
+
+
+@pytest.mark.parametrize("scope", ["fail_after", "move_on_after"])
+@pytest.mark.parametrize("api", ["call", "stream"])
+async def test_the_callers_deadline_wins_over_a_deadline_reply_that_came_with_it(
+    scope: str, api: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server's DEADLINE_EXCEEDED reply is taken, and the caller's own deadline
+    passes before the caller runs again (the event loop was held up): the caller's
+    scope reports it, as TimeoutError from fail_after or nothing from move_on_after,
+    not DeadlineExceededError. (Over TCP the reply and the caller's timer can come in
+    one pass of the event loop, the reply first.)"""
+    from anyio_comm.rpc import _client
+    from anyio_comm.rpc._protocol import ErrorReply
+
+    finish = _client._Pending.finish
+
+    def finish_then_hold_up(pending: Any, outcome: Any) -> None:
+        finish(pending, outcome)
+        # the caller's deadline passes before the caller runs again
+        time.sleep(0.15)
+
+    monkeypatch.setattr(_client._Pending, "finish", finish_then_hold_up)
+
+    ours, theirs = await anyio_comm.testing.comm_pair()
+    async with ours, theirs:
+        async with rpc.open_client(ours) as client:
+            with anyio.fail_after(10):
+                async with anyio.create_task_group() as tg:
+
+                    async def late_deadline_reply() -> None:
+                        call = decode(await theirs.receive())
+                        assert isinstance(call, Call) and call.timeout is not None
+                        reply = ErrorReply(call.id, ErrorCode.DEADLINE_EXCEEDED, "X", "late")
+                        await theirs.send(reply.encode())
+
+                    tg.start_soon(late_deadline_reply)
+
+                    async def calling() -> None:
+                        if api == "call":
+                            await client.call("slow")
+                        else:
+                            async with client.stream("items") as items:
+                                async for _ in items:
+                                    pass
+
+                    if scope == "fail_after":
+                        with pytest.raises(TimeoutError) as info, anyio.fail_after(0.1):
+                            await calling()
+                        assert not isinstance(info.value, rpc.DeadlineExceededError)
+                    else:
+                        with anyio.move_on_after(0.1) as moved:
+                            await calling()
+                        assert moved.cancelled_caught
 
 
 async def test_a_cancelled_call_cancels_its_handler_and_nothing_else() -> None:

@@ -20,6 +20,7 @@ from ._protocol import (
     Call,
     Cancel,
     Credit,
+    ErrorCode,
     ErrorReply,
     Item,
     Notify,
@@ -129,6 +130,7 @@ class Stream:
                 if outcome is not None:
                     if type(outcome) is Result:
                         raise StopAsyncIteration
+                    await self._client._own_deadline_first(outcome)
                     self._client._raise_outcome(self._method, outcome)
                 pending.event = anyio.Event()
                 await pending.event.wait()
@@ -232,6 +234,7 @@ class Client:
         if type(outcome) is Result:
             return outcome.value
         assert outcome is not None
+        await self._own_deadline_first(outcome)
         self._raise_outcome(method, outcome)
 
     @asynccontextmanager
@@ -270,6 +273,22 @@ class Client:
                 self._outbox.put_now(Cancel(call_id).encode())
             if pending.outcome is None:  # a task waiting for an item wakes up
                 pending.finish(anyio.ClosedResourceError())
+
+    async def _own_deadline_first(self, outcome: Result | ErrorReply | BaseException) -> None:
+        """When the server reports the call's deadline and the caller's own deadline
+        (the one sent with the call) has passed as well, let the caller's scope
+        cancel it: the reply can reach the task before the event loop runs the
+        scope's timer, and the caller's deadline is the earlier of the two (the
+        server counts from the call's arrival). Waits at most a second for that
+        cancellation, which is due at once."""
+        if type(outcome) is not ErrorReply or outcome.code is not ErrorCode.DEADLINE_EXCEEDED:
+            return
+        backend = self._backend
+        if backend is None:
+            backend = self._backend = current_backend()
+        if backend.effective_deadline() <= backend.current_time():
+            with anyio.move_on_after(1.0):
+                await anyio.sleep_forever()
 
     def _raise_outcome(
         self, method: str, outcome: Result | ErrorReply | BaseException
