@@ -283,9 +283,7 @@ class Client:
         cancellation, which is due at once."""
         if type(outcome) is not ErrorReply or outcome.code is not ErrorCode.DEADLINE_EXCEEDED:
             return
-        backend = self._backend
-        if backend is None:
-            backend = self._backend = current_backend()
+        backend = self._current_backend()
         if backend.effective_deadline() <= backend.current_time():
             with anyio.move_on_after(1.0):
                 await anyio.sleep_forever()
@@ -301,11 +299,16 @@ class Client:
         assert isinstance(outcome, BaseException)
         raise self._unavailable(method, outcome) from outcome
 
-    def _timeout(self) -> float | None:
-        """What is left of the calling task's deadline (None: no deadline)."""
+    def _current_backend(self) -> Backend:
+        """The event loop's backend, looked up at the first call that needs it."""
         backend = self._backend
         if backend is None:
             backend = self._backend = current_backend()
+        return backend
+
+    def _timeout(self) -> float | None:
+        """What is left of the calling task's deadline (None: no deadline)."""
+        backend = self._current_backend()
         deadline = backend.effective_deadline()
         return None if deadline == math.inf else max(deadline - backend.current_time(), 0.0)
 
