@@ -115,12 +115,21 @@ def run_server(
 ) -> None:
     """Serve on asyncio (or uvloop for the ``uvloop`` backend) until the process ends
     (``reuse``: see :class:`FrameReader`)."""
+    serve_protocol(case, ssl_context, ready, lambda: _EchoProtocol(counter, reuse))
+
+
+def serve_protocol(
+    case: Any,
+    ssl_context: ssl.SSLContext | None,
+    ready: Any,
+    protocol: Callable[[], asyncio.BaseProtocol],
+) -> None:
+    """Serve ``protocol()`` per connection on 127.0.0.1 (asyncio, or uvloop for the
+    ``uvloop`` backend) until the process ends; ``ready(address)`` once listening."""
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
-        server = await loop.create_server(
-            lambda: _EchoProtocol(counter, reuse), "127.0.0.1", 0, ssl=ssl_context
-        )
+        server = await loop.create_server(protocol, "127.0.0.1", 0, ssl=ssl_context)
         host, port = server.sockets[0].getsockname()[:2]
         ready(f"tcp://{host}:{port}")
         await loop.create_future()  # forever

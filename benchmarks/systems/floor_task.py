@@ -19,7 +19,7 @@ import asyncio
 import collections
 from typing import TYPE_CHECKING, Any
 
-from benchmarks.systems.floor_asyncio import _Sender, open_client, run_loop
+from benchmarks.systems.floor_asyncio import _Sender, open_client, serve_protocol
 from benchmarks.systems.framing import FrameReader, outgoing
 
 if TYPE_CHECKING:
@@ -75,14 +75,4 @@ class _TaskEchoProtocol(_Sender, asyncio.BufferedProtocol):
 
 def run_server(case: Any, ssl_context: ssl.SSLContext | None, counter: Any, ready: Any) -> None:
     """Serve on asyncio (or uvloop for the ``uvloop`` backend) until the process ends."""
-
-    async def main() -> None:
-        loop = asyncio.get_running_loop()
-        server = await loop.create_server(
-            lambda: _TaskEchoProtocol(counter), "127.0.0.1", 0, ssl=ssl_context
-        )
-        host, port = server.sockets[0].getsockname()[:2]
-        ready(f"tcp://{host}:{port}")
-        await loop.create_future()  # forever
-
-    run_loop(case, main)
+    serve_protocol(case, ssl_context, ready, lambda: _TaskEchoProtocol(counter))
