@@ -56,6 +56,44 @@ async def test_frames_received_into_a_pool(kind: str) -> None:
 
 
 @pytest.mark.parametrize("kind", TRANSPORTS)
+@pytest.mark.parametrize("nbytes", [4096, 8000, 40_000])
+async def test_small_frames_nothing_holds_are_reused_and_held_ones_never_change(
+    kind: str, nbytes: int
+) -> None:
+    """Frames below the pool's min_size (copied out of the read-ahead buffer, or
+    received into their own buffer when they arrive in pieces) get the memory of
+    earlier frames once nothing holds those; a held frame keeps its bytes."""
+    pool = BufferPool()
+    held: list[tuple[memoryview, bytes]] = []
+    async with connected_pair(kind, allocator=pool) as (client, server):
+
+        async def send() -> None:
+            for seed in range(200):
+                payload = frame(seed, nbytes + seed % 7)
+                await client.send({"seed": seed, "data": memoryview(payload)})
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(send)
+            for seed in range(200):
+                message = await server.receive()
+                assert message["seed"] == seed
+                data = message["data"]
+                expected = frame(seed, nbytes + seed % 7)
+                assert data == expected
+                if seed % 9 == 0:
+                    held.append((data[3:], expected[3:]))
+                elif seed % 9 == 1:
+                    held.append((memoryview(data.obj)[:5], expected[:5]))
+                del message, data
+        for view, expected in held:
+            assert view == expected  # never reused while held
+        stats = pool.statistics()
+        assert stats.small_reused >= 100
+        assert stats.small_kept_bytes <= pool.max_small_bytes
+        assert stats.created == 0  # nothing as large as min_size
+
+
+@pytest.mark.parametrize("kind", TRANSPORTS)
 async def test_comms_without_an_allocator_share_the_event_loops_pool(kind: str) -> None:
     pool = current_buffer_pool()
     assert current_buffer_pool() is pool

@@ -110,7 +110,7 @@ from .compression import CODECS
 from .errors import EndOfData, RemoteProtocolError
 from .frames import PACK_BELOW, Frames, PackedFrames, Packer
 from .inflate import Inflater
-from .pool import BufferPool
+from .pool import SMALL_MIN, BufferPool
 from .wire import (
     CAPABILITIES_VERSION,
     LENGTHS,
@@ -129,6 +129,9 @@ from .wire import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+
+    #: ``copy(source, start, end) -> a frame's own flat view of source[start:end]``
+    Copier = Callable[[memoryview, int, int], memoryview]
 
 __all__ = [
     "CALLBACK",
@@ -273,14 +276,26 @@ def _fast_paths(
     return True, largest, min(limits.max_frames, SMALL_COUNT)
 
 
+def copy_out(source: memoryview, start: int, end: int) -> memoryview:
+    """A frame of its own with the bytes ``source[start:end]``: a ``bytearray``'s
+    flat view (what the fast paths make of a frame without a buffer pool)."""
+    return memoryview(bytearray(source[start:end]))
+
+
 def _whole_message(
-    buf: bytearray, start: int, avail: int, count: int, limits: Limits
+    buf: bytearray,
+    view: memoryview,
+    start: int,
+    avail: int,
+    count: int,
+    limits: Limits,
+    copy: Copier,
 ) -> tuple[list[memoryview], int] | None:
     """The frames of a message of ``count`` frames (at most the fast path's
-    limit) that lies whole in ``buf`` at ``start`` (``avail`` bytes there), each
-    copied into a buffer of its own, and where the message ends; ``None``
-    (nothing consumed) if it is not all there or breaks a limit, which the
-    general path then reports."""
+    limit) that lies whole in ``buf`` (``view`` of it) at ``start`` (``avail``
+    bytes there), each copied into a buffer of its own by ``copy``, and where
+    the message ends; ``None`` (nothing consumed) if it is not all there or
+    breaks a limit, which the general path then reports."""
     head = 4 + 8 * count
     if avail < head:
         return None
@@ -296,7 +311,7 @@ def _whole_message(
     frames = []
     for length in lengths:
         end = position + length
-        frames.append(memoryview(buf[position:end]))
+        frames.append(copy(view, position, end))
         position = end
     return frames, position
 
@@ -334,6 +349,7 @@ class FrameDecoder:
         "_buf",
         "_capabilities",
         "_close_records",
+        "_copy",
         "_direct",
         "_direct_threshold",
         "_end",
@@ -392,6 +408,9 @@ class FrameDecoder:
         # A pool places the buffers of frames read directly at the phase of their
         # offset in the message (see _start_frame).
         self._pool = allocator if isinstance(allocator, BufferPool) else None
+        # The fast paths copy frames out of the read-ahead buffer themselves (a
+        # pool reuses the bytearrays of those nothing holds any more).
+        self._copy: Copier = copy_out if self._pool is None else self._pool.copy_out
         # Small until the peer's preamble is parsed (see _grow).
         self._read_buffer_size = read_buffer_size
         self._buf = bytearray(PREAMBLE_BUFFER_SIZE)
@@ -651,9 +670,13 @@ class FrameDecoder:
                     if length <= self._fast_max and avail - 12 >= length:
                         start += 12
                         self._start = start + length
-                        return [memoryview(self._buf[start : start + length])]
+                        if length < SMALL_MIN:
+                            return [memoryview(self._buf[start : start + length])]
+                        return [self._copy(self._view, start, start + length)]
                 elif 1 < count <= self._fast_count:
-                    whole = _whole_message(self._buf, start, avail, count, self._limits)
+                    whole = _whole_message(
+                        self._buf, self._view, start, avail, count, self._limits, self._copy
+                    )
                     if whole is not None:
                         frames, self._start = whole
                         return frames
@@ -778,7 +801,7 @@ class FrameDecoder:
         avail = self._end - start
         if self._fast_alloc and avail >= length:
             self._start = start + length
-            return memoryview(bytearray(self._view[start : start + length]))
+            return self._copy(self._view, start, start + length)
         if length - avail >= self._direct_threshold:
             self._check_eof("a message")
             self.state.status = TASK_READS_FRAME

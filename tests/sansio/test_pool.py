@@ -17,7 +17,7 @@ import pytest
 
 from anyio_comm import BufferPool, PoolStatistics
 from anyio_comm._sansio.buffers import allocate
-from anyio_comm._sansio.pool import ALIGNMENT, size_class
+from anyio_comm._sansio.pool import ALIGNMENT, SMALL_MIN, size_class
 
 MiB = 1024 * 1024
 
@@ -196,6 +196,8 @@ def test_free_memory_is_bounded_by_max_free_bytes() -> None:
         reused=0,
         created=6,
         released=4,
+        small_kept_bytes=0,
+        small_reused=0,
     )
 
 
@@ -307,6 +309,8 @@ def test_frames_may_be_dropped_in_another_thread() -> None:
         ({"free_for": 0}, ValueError),
         ({"free_for": "10"}, TypeError),
         ({"fallback": 3}, TypeError),
+        ({"max_small_bytes": -1}, ValueError),
+        ({"max_small_bytes": 4.0}, TypeError),
     ],
 )
 def test_bad_arguments(kwargs: dict[str, Any], error: type[Exception]) -> None:
@@ -398,3 +402,138 @@ def test_a_phase_that_would_take_one_more_page_is_not_used(nbytes: int, page: in
     # at phase 33 it would have ended past the last page a frame of its size needs,
     # or past its slab
     assert -(-nbytes // page) < -(-(nbytes + 33) // page) or nbytes + 33 > size_class(nbytes)
+
+
+# -- frames below min_size: bytearrays reused once nothing holds them ----------------
+
+HOLDS = [
+    _hold_slice,
+    _hold_view_of_slice,
+    _hold_cast,
+    _hold_pickle_buffer,
+    _hold_underlying_object,
+    _hold_numpy,
+    _hold_numpy_view_of_view,
+]
+
+
+def test_a_small_frame_nothing_holds_is_reused() -> None:
+    pool = BufferPool()
+    assert pool.max_small_bytes == 4 * MiB  # the default, as documented
+    view = allocate(pool, 8000)
+    assert type(view.obj) is bytearray
+    fill(view, 1)
+    first = address(view)
+    del view
+    again = allocate(pool, 8000)
+    assert address(again) == first and again.nbytes == 8000
+    assert pool.statistics().small_reused == 1
+    del again
+    # another size: the same bytearray, resized to exactly that size
+    for nbytes in (5000, 8100, SMALL_MIN, 65536):
+        view = allocate(pool, nbytes)
+        assert view.nbytes == nbytes and not view.readonly
+        fill(view, nbytes)
+        del view
+    stats = pool.statistics()
+    assert stats.small_reused == 5
+    assert stats.created == 0  # (no slab: these are below min_size)
+
+
+def test_small_frames_copied_out_are_reused_and_exact() -> None:
+    pool = BufferPool()
+    source = memoryview(bytes(range(256)) * 64)
+    view = pool.copy_out(source, 100, 6100)
+    assert view.tobytes() == source[100:6100].tobytes()
+    first = address(view)
+    del view
+    view = pool.copy_out(source, 3, 7003)  # reused, and grown to size
+    assert view.tobytes() == source[3:7003].tobytes()
+    del view
+    view = pool.copy_out(source, 10, SMALL_MIN + 10)  # reused, shrunk to size
+    assert view.tobytes() == source[10 : SMALL_MIN + 10].tobytes()
+    assert view.nbytes == SMALL_MIN and type(view.obj) is bytearray
+    del view
+    assert pool.statistics().small_reused == 2
+    reused = pool.copy_out(source, 0, 5000)
+    assert reused.tobytes() == source[:5000].tobytes()
+    assert pool.statistics().small_reused == 3
+    assert first  # (addresses may move as a bytearray grows)
+
+
+@pytest.mark.parametrize("hold", HOLDS)
+@pytest.mark.parametrize("copied", [False, True], ids=["allocated", "copied"])
+def test_a_small_frame_anything_holds_is_never_reused(hold: Any, copied: bool) -> None:
+    pool = BufferPool()
+    source = memoryview(bytes(range(256)) * 40)
+    view = pool.copy_out(source, 0, 8000) if copied else allocate(pool, 8000)
+    fill(view, 1)
+    held = hold(view)
+    before = memoryview(held).tobytes()
+    del view
+    gc.collect()
+    for seed in range(2, 12):
+        other = pool.copy_out(source, 1, 8001) if copied else allocate(pool, 8000)
+        other[:] = fill(bytearray(8000), seed)  # writes every byte of the frame it got
+        del other
+    assert memoryview(held).tobytes() == before
+    assert pool.statistics().small_reused == 9  # the others were reused
+
+
+def test_small_frames_below_small_min_are_not_kept() -> None:
+    pool = BufferPool()
+    for _ in range(4):
+        view = allocate(pool, SMALL_MIN - 1)
+        del view
+    stats = pool.statistics()
+    assert (stats.small_reused, stats.small_kept_bytes) == (0, 0)
+
+
+def test_small_frames_kept_are_bounded_by_max_small_bytes() -> None:
+    pool = BufferPool(max_small_bytes=10 * 8000)
+    held = [allocate(pool, 8000) for _ in range(25)]
+    assert pool.statistics().small_kept_bytes <= 10 * 8000
+    for index, view in enumerate(held):
+        fill(view, index)
+    # the kept ones are all held: none is reused, whatever is allocated meanwhile
+    for _ in range(30):
+        allocate(pool, 8000)[:] = bytes(8000)
+    for index, view in enumerate(held):
+        assert view.tobytes() == fill(bytearray(8000), index)
+    stats = pool.statistics()
+    assert stats.small_kept_bytes <= 10 * 8000
+
+
+@pytest.mark.parametrize("kwargs", [{"max_small_bytes": 0}, {"fallback": bytearray}])
+def test_small_frames_are_not_kept_when_told_so(kwargs: dict[str, Any]) -> None:
+    pool = BufferPool(**kwargs)
+    source = memoryview(bytes(9000))
+    for _ in range(5):
+        view = allocate(pool, 8000)
+        copied = pool.copy_out(source, 0, 8000)
+        del view, copied
+    stats = pool.statistics()
+    assert (stats.small_reused, stats.small_kept_bytes) == (0, 0)
+
+
+def test_a_held_small_frame_does_not_stop_the_others_from_being_reused() -> None:
+    pool = BufferPool()
+    held = allocate(pool, 8000)  # the first handed out, held throughout
+    for _ in range(20):
+        view = allocate(pool, 8000)
+        del view
+    stats = pool.statistics()
+    assert stats.small_reused >= 18
+    assert stats.small_kept_bytes <= 2 * 8000
+    assert held.nbytes == 8000
+
+
+def test_small_frames_may_be_dropped_in_another_thread() -> None:
+    pool = BufferPool()
+    frames = [allocate(pool, 8000) for _ in range(8)]
+    thread = threading.Thread(target=frames.clear)
+    thread.start()
+    thread.join()
+    for _ in range(8):
+        allocate(pool, 8000)
+    assert pool.statistics().small_reused == 8
