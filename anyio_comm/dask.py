@@ -70,6 +70,7 @@ from distributed.utils import nbytes
 import anyio_comm
 
 from ._addressing import format_tcp, parse_address
+from ._sansio.pool import DEFAULT_MAX_SMALL_BYTES
 from ._sansio.wire import Limits
 
 if TYPE_CHECKING:
@@ -115,11 +116,12 @@ _trim_loop: asyncio.AbstractEventLoop | None = None
 
 
 def buffer_pool() -> anyio_comm.BufferPool:
-    """The process's pool of frame buffers, made on first use from dask's
-    configuration: ``anyio-comm.buffer-pool.max-free`` (default 1 GiB; 0 keeps
-    nothing) and ``anyio-comm.buffer-pool.free-for`` (default: dask's
-    ``distributed.worker.memory.recent-to-old-time``, 30 s, the age until which
-    dask counts unmanaged memory as recent). See the dask guide.
+    """The process's pool of frame buffers, made on first use from dask's configuration:
+    ``anyio-comm.buffer-pool.max-free`` (default 1 GiB, and the ``bytearray``
+    objects of frames of 4 to 64 KiB up to 4 MiB; 0 keeps nothing) and
+    ``anyio-comm.buffer-pool.free-for`` (default: dask's
+    ``distributed.worker.memory.recent-to-old-time``, 30 s, the age until which dask
+    counts unmanaged memory as recent). See the dask guide.
 
     Raises:
         ValueError: a configured size or duration is malformed or negative.
@@ -131,17 +133,21 @@ def buffer_pool() -> anyio_comm.BufferPool:
             "anyio-comm.buffer-pool.free-for",
             dask.config.get("distributed.worker.memory.recent-to-old-time", "30s"),
         )
+        max_free_bytes = parse_bytes(max_free) if isinstance(max_free, str) else max_free
         _pool = anyio_comm.BufferPool(
-            max_free_bytes=parse_bytes(max_free) if isinstance(max_free, str) else max_free,
+            max_free_bytes=max_free_bytes,
             free_for=parse_timedelta(free_for, default="seconds"),
+            # (0 keeps nothing: nor the bytearrays of frames of 4 to 64 KiB)
+            max_small_bytes=DEFAULT_MAX_SMALL_BYTES if max_free_bytes else 0,
         )
     return _pool
 
 
 def dask_allocator(nbytes: int) -> Buffer:
     """The buffer a received frame goes into: above 64 KiB, memory of earlier frames
-    that nothing holds any more (:func:`buffer_pool`), else a ``bytearray``. Always
-    writable, never shared with a frame still held."""
+    that nothing holds any more (:func:`buffer_pool`), else a ``bytearray`` (from 4
+    KiB, one of an earlier frame nothing holds any more). Always writable, never
+    shared with a frame still held."""
     return buffer_pool()(nbytes)
 
 

@@ -57,12 +57,15 @@ async def test_frames_received_into_a_pool(kind: str) -> None:
 
 @pytest.mark.parametrize("kind", TRANSPORTS)
 @pytest.mark.parametrize("nbytes", [4096, 8000, 40_000])
+@pytest.mark.parametrize("layer", ["messages", "frames"])
 async def test_small_frames_nothing_holds_are_reused_and_held_ones_never_change(
-    kind: str, nbytes: int
+    kind: str, nbytes: int, layer: str
 ) -> None:
     """Frames below the pool's min_size (copied out of the read-ahead buffer, or
-    received into their own buffer when they arrive in pieces) get the memory of
-    earlier frames once nothing holds those; a held frame keeps its bytes."""
+    received into their own buffer when they arrive in pieces; a message's
+    out-of-band value, or the one frame of a message of the frames layer) get
+    the memory of earlier frames once nothing holds those; a held frame keeps its
+    bytes."""
     pool = BufferPool()
     held: list[tuple[memoryview, bytes]] = []
     async with connected_pair(kind, allocator=pool) as (client, server):
@@ -70,12 +73,19 @@ async def test_small_frames_nothing_holds_are_reused_and_held_ones_never_change(
         async def send() -> None:
             for seed in range(200):
                 payload = frame(seed, nbytes + seed % 7)
-                await client.send({"seed": seed, "data": memoryview(payload)})
+                if layer == "frames":
+                    await client.send_frames([payload])
+                else:
+                    await client.send({"seed": seed, "data": memoryview(payload)})
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(send)
             for seed in range(200):
-                message = await server.receive()
+                if layer == "frames":
+                    (data,) = await server.receive_frames()
+                    message = {"seed": seed, "data": data}
+                else:
+                    message = await server.receive()
                 assert message["seed"] == seed
                 data = message["data"]
                 expected = frame(seed, nbytes + seed % 7)

@@ -838,7 +838,22 @@ def test_buffer_pool_configuration() -> None:
     ):
         pool = buffer_pool()
     assert (pool.max_free_bytes, pool.free_for) == (64 * 2**20, 2.0)
+    assert pool.max_small_bytes == 4 * 2**20
     assert buffer_pool() is pool  # one per process
+
+
+@pytest.mark.usefixtures("fresh_buffer_pool")
+def test_buffer_pool_max_free_0_keeps_nothing() -> None:
+    from anyio_comm.dask import buffer_pool, dask_allocator
+
+    with dask.config.set({"anyio-comm.buffer-pool.max-free": 0}):
+        pool = buffer_pool()
+    assert (pool.max_free_bytes, pool.max_small_bytes) == (0, 0)
+    for nbytes in (8000, 8000, 200_000, 200_000):
+        frame = dask_allocator(nbytes)
+        del frame
+    stats = pool.statistics()
+    assert (stats.free_bytes, stats.small_kept_bytes, stats.small_reused) == (0, 0, 0)
 
 
 @pytest.mark.usefixtures("fresh_buffer_pool")

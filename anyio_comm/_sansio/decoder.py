@@ -293,9 +293,10 @@ def _whole_message(
 ) -> tuple[list[memoryview], int] | None:
     """The frames of a message of ``count`` frames (at most the fast path's
     limit) that lies whole in ``buf`` (``view`` of it) at ``start`` (``avail``
-    bytes there), each copied into a buffer of its own by ``copy``, and where
-    the message ends; ``None`` (nothing consumed) if it is not all there or
-    breaks a limit, which the general path then reports."""
+    bytes there), each copied into a buffer of its own (by ``copy`` from
+    ``SMALL_MIN`` bytes), and where the message ends; ``None`` (nothing
+    consumed) if it is not all there or breaks a limit, which the general path
+    then reports."""
     head = 4 + 8 * count
     if avail < head:
         return None
@@ -311,7 +312,10 @@ def _whole_message(
     frames = []
     for length in lengths:
         end = position + length
-        frames.append(copy(view, position, end))
+        if length < SMALL_MIN:  # (a message's header, say: no call)
+            frames.append(memoryview(buf[position:end]))
+        else:
+            frames.append(copy(view, position, end))
         position = end
     return frames, position
 

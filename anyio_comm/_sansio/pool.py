@@ -78,19 +78,22 @@ allocator reuses.
 
 Smaller frames, from a page (``SMALL_MIN``, 4 KiB) to ``min_size``, have the
 same problem in bulk: a client of many connections that takes one 8 KB reply
-from each in a pass of its event loop frees them together, the C allocator gives
-the top of its heap back, and the next pass faults it in again (measured: 1.2 to
-1.7 page faults per round trip in such a client, 200 connections, and 3 to 5 us
-more system time per round trip). A slab and a weak reference per frame would
-cost more than the fault, so these frames stay ``bytearray`` objects and the
-pool keeps each one it hands out (up to ``max_small_bytes``, 4 MiB, held or
-not) to reuse it once nothing else holds it: a ``bytearray`` nothing refers
-to but the pool has the reference count of one reference, and a ``memoryview``
-or anything made from one refers to it (the buffer protocol's exporter), as
-does whoever keeps the ``bytearray`` itself. The pool looks at the buffer it
-handed out longest ago, then the next; a held one goes to the back. Where there
-are no reference counts to go by (an interpreter without ``sys.getrefcount``,
-or without the GIL), small frames are plain ``bytearray`` objects.
+from each in a pass of its event loop frees them together, the C allocator
+gives the top of its heap back, and the next pass faults it in again (measured:
+1.0 to 1.75 page faults per round trip in such a client, 200 connections, and 3
+to 5 us more system time per round trip than once they were reused). A slab and
+a weak reference per frame would cost more than the fault, so these frames stay
+``bytearray`` objects and the pool keeps each one it hands out (up to
+``max_small_bytes``, 4 MiB, held or not) to reuse it once nothing else holds
+it: a ``bytearray`` nothing refers to but the pool has the reference count of
+one reference, and a ``memoryview`` or anything made from one refers to it (the
+buffer protocol's exporter), as does whoever keeps the ``bytearray`` itself.
+The pool looks at the buffer it handed out longest ago, then the next; a held
+one goes to the back. Each is out of the pool's deque while it is looked at, so
+two threads never take the same one. :meth:`~BufferPool.trim` stops keeping
+them all. Where there are no reference counts to go by (an interpreter other
+than CPython, or CPython without the GIL), small frames are plain ``bytearray``
+objects.
 
 Threads: call the pool (and :meth:`~BufferPool.trim`,
 :meth:`~BufferPool.statistics`) from one thread at a time, the event loop's.
@@ -157,32 +160,55 @@ def _no_refcount(_obj: object) -> int:  # pragma: no cover - not CPython
 _getrefcount: Final[Callable[[object], int]] = getattr(sys, "getrefcount", _no_refcount)
 
 
-def _next_unheld(kept: collections.deque[bytearray]) -> bool:
-    """Move the first kept small buffer (held) to the back; whether the new first
-    one is free (nothing but the deque holds it)."""
-    kept.rotate(-1)
-    return _getrefcount(kept[0]) == _UNHELD
+def _refs(item: tuple[bytearray, int]) -> int:
+    """The reference count of a kept small buffer, as seen from here (one
+    function, so that every caller sees the same count)."""
+    return _getrefcount(item[0])
+
+
+def _take_unheld(kept: collections.deque[tuple[bytearray, int]]) -> tuple[bytearray, int] | None:
+    """Take out the kept small buffer handed out longest ago, and its size, if
+    nothing else holds it, or else the next one; ``None`` if both are held (each
+    goes to the back, to be looked at again after the others). Each is out of
+    the deque while it is looked at, so a thread that takes it is the only one
+    that can."""
+    try:
+        item = kept.popleft()
+    except IndexError:
+        return None
+    if _refs(item) == _UNHELD:
+        return item
+    kept.append(item)
+    try:
+        item = kept.popleft()  # (itself again if it is the only one)
+    except IndexError:  # (another thread took the rest)
+        return None
+    if _refs(item) == _UNHELD:
+        return item
+    kept.append(item)
+    return None
 
 
 def _unheld_refcount() -> int | None:
-    """The reference count of a kept small buffer that only the pool holds, as
-    ``_getrefcount(kept[0])`` sees it (measured, so that it holds for any
-    interpreter's way of counting the reference an argument takes); ``None``: no
-    reference counts to go by (then small frames are never kept)."""
-    if not hasattr(sys, "getrefcount"):  # pragma: no cover - not CPython
+    """What :func:`_refs` returns for a kept small buffer that nothing else holds
+    (measured, so that it holds for any interpreter's way of counting the
+    reference an argument takes); ``None``: no reference counts to go by (then
+    small frames are never kept)."""
+    if sys.implementation.name != "cpython":  # pragma: no cover - not CPython
         return None
     if not getattr(sys, "_is_gil_enabled", lambda: True)():  # pragma: no cover
         return None  # (free-threaded: counts of other threads are merged lazily)
-    kept = collections.deque([bytearray(1)])
-    count = _getrefcount(kept[0])
-    held = kept[0]
-    if _getrefcount(kept[0]) != count + 1:  # pragma: no cover - counts not usable
-        return None
+    item = (bytearray(1), 1)
+    counts = {_refs(item) for _ in range(64)}  # (specialized after a few calls)
+    held = item[0]
+    counts_held = {_refs(item) for _ in range(64)}
     del held
-    return count
+    if len(counts) != 1 or counts_held != {next(iter(counts)) + 1}:  # pragma: no cover
+        return None
+    return next(iter(counts))
 
 
-#: ``_getrefcount(kept[0])`` of a kept small buffer that nothing else holds
+#: :func:`_refs` of a kept small buffer that nothing else holds
 _UNHELD: Final = _unheld_refcount()
 
 
@@ -219,8 +245,8 @@ class PoolStatistics:
     reused: int
     created: int
     released: int
-    small_kept_bytes: int
-    small_reused: int
+    small_kept_bytes: int = 0
+    small_reused: int = 0
 
 
 @final
@@ -265,6 +291,7 @@ class BufferPool:
         "_kept",
         "_kept_bytes",
         "_live",
+        "_max_small_bytes",
         "_oldest",
         "_released",
         "_returned",
@@ -272,7 +299,6 @@ class BufferPool:
         "_small_reused",
         "free_for",
         "max_free_bytes",
-        "max_small_bytes",
         "min_size",
         "small_frames_are_bytearrays",
     )
@@ -335,17 +361,18 @@ class BufferPool:
         self._created = 0
         self._released = 0
         #: smaller frames' bytearrays are kept for reuse (a bound, and counts to go by)
-        self.max_small_bytes = max_small_bytes if fallback is None and _UNHELD is not None else 0
-        # those handed out, oldest first (the first is reused once only this
-        # deque holds it); their bytes (as handed out)
-        self._kept: collections.deque[bytearray] = collections.deque()
+        self._max_small_bytes = max_small_bytes if fallback is None and _UNHELD is not None else 0
+        # those handed out, oldest first, each with its size as handed out (the
+        # first is reused once only this deque holds it); the sum of the sizes
+        self._kept: collections.deque[tuple[bytearray, int]] = collections.deque()
         self._kept_bytes = 0
         self._small_reused = 0
 
     def __call__(self, nbytes: int) -> Buffer:
         """A writable buffer of exactly ``nbytes`` bytes (not zero-filled when reused;
         below ``min_size``, or when no memory can be mapped, what ``fallback``
-        returns); a pooled one starts at a multiple of 64 bytes (``ALIGNMENT``).
+        returns, or without one a ``bytearray``, reused from ``SMALL_MIN``); a
+        pooled one starts at a multiple of 64 bytes (``ALIGNMENT``).
 
         Raises:
             MemoryError: the memory (or address space) is not available, from
@@ -378,7 +405,7 @@ class BufferPool:
         if not 0 <= phase < ALIGNMENT:
             raise ValueError(f"phase must be in range({ALIGNMENT}), got {phase}")
         if nbytes < self.min_size:
-            if nbytes < SMALL_MIN or not self.max_small_bytes:
+            if nbytes < SMALL_MIN or not self._max_small_bytes:
                 return self._fallback(nbytes)
             return self._small(nbytes)
         now = self._clock()
@@ -431,52 +458,55 @@ class BufferPool:
             MemoryError: the memory is not available.
         """
         nbytes = end - start
-        if nbytes < SMALL_MIN or nbytes >= self.min_size or not self.max_small_bytes:
+        if nbytes < SMALL_MIN or nbytes >= self.min_size or not self._max_small_bytes:
             return memoryview(bytearray(source[start:end]))
-        # (_unheld and _keep inline: this runs for every such frame received)
-        kept = self._kept
-        if kept and (_getrefcount(kept[0]) == _UNHELD or _next_unheld(kept)):
-            buffer = kept.popleft()
-            self._kept_bytes += nbytes - len(buffer)
-            self._small_reused += 1
-            buffer[:] = source[start:end]
-        else:
+        item = _take_unheld(self._kept)
+        if item is None:
             buffer = bytearray(source[start:end])
-            self._kept_bytes += nbytes
-        kept.append(buffer)
-        if self._kept_bytes > self.max_small_bytes:
-            self._let_go()
+        else:
+            buffer, size = item
+            self._kept_bytes -= size
+            self._small_reused += 1
+            if len(buffer) > nbytes:  # (its holder may have resized it)
+                del buffer[nbytes:]  # (at the end: the block stays where it is)
+            buffer[:] = source[start:end]
+        self._keep(buffer, nbytes)
         return memoryview(buffer)
 
     def _small(self, nbytes: int) -> bytearray:
-        """A small frame's buffer of exactly ``nbytes`` bytes: the kept one handed
-        out longest ago (or the next) if nothing else holds it, else a new one;
-        kept to be reused in turn."""
-        kept = self._kept
-        if kept and (_getrefcount(kept[0]) == _UNHELD or _next_unheld(kept)):
-            buffer = kept.popleft()
-            self._kept_bytes -= len(buffer)
-            self._small_reused += 1
-            if len(buffer) > nbytes:
-                del buffer[nbytes:]
-            elif len(buffer) < nbytes:
-                buffer.extend(bytes(nbytes - len(buffer)))
-        else:
+        """A small frame's buffer of exactly ``nbytes`` bytes: a kept one nothing
+        else holds (see :func:`_take_unheld`), else a new one; kept in turn."""
+        item = _take_unheld(self._kept)
+        if item is None:
             buffer = bytearray(nbytes)
-        kept.append(buffer)
-        self._kept_bytes += nbytes
-        if self._kept_bytes > self.max_small_bytes:
-            self._let_go()
+        else:
+            buffer, size = item
+            self._kept_bytes -= size
+            self._small_reused += 1
+            length = len(buffer)  # (its holder may have resized it)
+            if length > nbytes:
+                del buffer[nbytes:]
+            elif length < nbytes:
+                buffer.extend(bytes(nbytes - length))
+        self._keep(buffer, nbytes)
         return buffer
 
-    def _let_go(self) -> None:
-        """Stop keeping the small buffers handed out longest ago while more than
+    def _keep(self, buffer: bytearray, nbytes: int) -> None:
+        """Keep a small buffer just handed out, to reuse it once nothing else holds
+        it; stop keeping the ones handed out longest ago while more than
         ``max_small_bytes`` are kept (those held are their holders' from then on)."""
         kept = self._kept
-        while kept and self._kept_bytes > self.max_small_bytes:
-            self._kept_bytes -= len(kept.popleft())
-        if not kept:
-            self._kept_bytes = 0  # (a holder may have resized a buffer it kept)
+        kept.append((buffer, nbytes))
+        self._kept_bytes += nbytes
+        while self._kept_bytes > self._max_small_bytes:
+            self._kept_bytes -= kept.popleft()[1]
+
+    @property
+    def max_small_bytes(self) -> int:
+        """Bytes of smaller frames' buffers kept for reuse at most, held or not (0:
+        none are kept: so told, a ``fallback`` given, or no reference counts to go
+        by)."""
+        return self._max_small_bytes
 
     def _release(self, ref: weakref.ref[ctypes.Array[ctypes.c_ubyte]]) -> None:
         """The callback of a frame's handle's weak reference (nothing holds the
@@ -540,11 +570,14 @@ class BufferPool:
 
     def trim(self, older_than: float | None = 0.0) -> int:
         """Unmap the kept slabs released at least ``older_than`` seconds ago
-        (``0``: every kept slab; ``None``: those older than ``free_for``).
+        (``0``: every kept slab; ``None``: those older than ``free_for``), and stop
+        keeping the smaller frames' buffers (whatever their age).
 
         Returns:
             The bytes unmapped.
         """
+        self._kept.clear()
+        self._kept_bytes = 0
         now = self._clock()
         self._take_returned(now)
         return self._trim(now, older_than if older_than is not None else self.free_for)

@@ -445,7 +445,6 @@ def test_small_frames_copied_out_are_reused_and_exact() -> None:
     source = memoryview(bytes(range(256)) * 64)
     view = pool.copy_out(source, 100, 6100)
     assert view.tobytes() == source[100:6100].tobytes()
-    first = address(view)
     del view
     view = pool.copy_out(source, 3, 7003)  # reused, and grown to size
     assert view.tobytes() == source[3:7003].tobytes()
@@ -458,7 +457,19 @@ def test_small_frames_copied_out_are_reused_and_exact() -> None:
     reused = pool.copy_out(source, 0, 5000)
     assert reused.tobytes() == source[:5000].tobytes()
     assert pool.statistics().small_reused == 3
-    assert first  # (addresses may move as a bytearray grows)
+
+
+def test_a_small_frame_reused_smaller_keeps_its_memory() -> None:
+    pool = BufferPool()
+    source = memoryview(bytes(range(256)) * 64)
+    view = pool.copy_out(source, 0, 8000)
+    first = address(view)
+    del view
+    for nbytes in (7000, 8000, 6000, 8000):
+        view = pool.copy_out(source, 1, 1 + nbytes)
+        assert address(view) == first  # shrunk at its end, grown back in place
+        assert view.tobytes() == source[1 : 1 + nbytes].tobytes()
+        del view
 
 
 @pytest.mark.parametrize("hold", HOLDS)
@@ -519,13 +530,85 @@ def test_small_frames_are_not_kept_when_told_so(kwargs: dict[str, Any]) -> None:
 def test_a_held_small_frame_does_not_stop_the_others_from_being_reused() -> None:
     pool = BufferPool()
     held = allocate(pool, 8000)  # the first handed out, held throughout
-    for _ in range(20):
+    expected = fill(held, 1)
+    for seed in range(2, 22):
         view = allocate(pool, 8000)
+        fill(view, seed)
         del view
+    assert held.tobytes() == expected
     stats = pool.statistics()
     assert stats.small_reused >= 18
     assert stats.small_kept_bytes <= 2 * 8000
-    assert held.nbytes == 8000
+
+
+def test_a_held_small_frame_resized_by_its_holder_keeps_the_bound() -> None:
+    pool = BufferPool(max_small_bytes=100_000)
+    view = allocate(pool, 8000)
+    underlying = view.obj
+    del view
+    assert isinstance(underlying, bytearray)
+    underlying.extend(bytes(1_000_000))  # its holder's, to do as it likes
+    del underlying  # then dropped: reused at the size it is asked for
+    held = [allocate(pool, 8000) for _ in range(100)]
+    assert all(view.nbytes == 8000 for view in held)
+    stats = pool.statistics()
+    assert stats.small_reused == 1
+    assert 0 <= stats.small_kept_bytes <= 100_000
+
+
+def test_trim_stops_keeping_small_frames() -> None:
+    pool = BufferPool()
+    for _ in range(3):
+        allocate(pool, 8000)
+    assert pool.statistics().small_kept_bytes == 8000
+    pool.trim()
+    assert pool.statistics().small_kept_bytes == 0
+    allocate(pool, 8000)
+    assert pool.statistics().small_reused == 2  # (before the trim)
+
+
+def test_small_frames_are_plain_without_reference_counts(monkeypatch: pytest.MonkeyPatch) -> None:
+    import anyio_comm._sansio.pool as pool_module
+
+    monkeypatch.setattr(pool_module, "_UNHELD", None)
+    pool = BufferPool()
+    assert pool.max_small_bytes == 0
+    for _ in range(4):
+        view = allocate(pool, 8000)
+        del view
+    assert pool.statistics().small_reused == 0
+
+
+def test_small_frames_taken_by_two_threads_at_once_are_never_shared() -> None:
+    """Each kept buffer is out of the pool while a thread looks at it: threads
+    switching as often as they can never get a frame the other holds."""
+    pool = BufferPool()
+    errors: list[str] = []
+
+    def churn(seed: int) -> None:
+        held: list[tuple[memoryview, bytes]] = []
+        for index in range(1500):
+            view = allocate(pool, 8000)
+            data = fill(view, seed * 10_000 + index)
+            held.append((view, data))
+            if len(held) > 3:
+                view, data = held.pop(0)
+                if view.tobytes() != data:
+                    errors.append(f"thread {seed}: frame {index - 3} changed")
+                del view
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        threads = [threading.Thread(target=churn, args=(seed,)) for seed in (1, 2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert errors == []
+    assert pool.statistics().small_reused > 1000
 
 
 def test_small_frames_may_be_dropped_in_another_thread() -> None:
