@@ -123,18 +123,19 @@ def _hold_numpy_view_of_view(view: memoryview) -> Any:
     return np.frombuffer(view, dtype="u1").reshape(-1, 4)[1:, 2:].view("u2")[::3]
 
 
-@pytest.mark.parametrize(
-    "hold",
-    [
-        _hold_slice,
-        _hold_view_of_slice,
-        _hold_cast,
-        _hold_pickle_buffer,
-        _hold_underlying_object,
-        _hold_numpy,
-        _hold_numpy_view_of_view,
-    ],
-)
+#: every way of holding a frame that a pool must see
+HOLDS = [
+    _hold_slice,
+    _hold_view_of_slice,
+    _hold_cast,
+    _hold_pickle_buffer,
+    _hold_underlying_object,
+    _hold_numpy,
+    _hold_numpy_view_of_view,
+]
+
+
+@pytest.mark.parametrize("hold", HOLDS)
 def test_a_frame_anything_holds_is_never_reused(hold: Any) -> None:
     pool = BufferPool()
     view = pool(2 * MiB)
@@ -405,16 +406,6 @@ def test_a_phase_that_would_take_one_more_page_is_not_used(nbytes: int, page: in
 
 
 # -- frames below min_size: bytearrays reused once nothing holds them ----------------
-
-HOLDS = [
-    _hold_slice,
-    _hold_view_of_slice,
-    _hold_cast,
-    _hold_pickle_buffer,
-    _hold_underlying_object,
-    _hold_numpy,
-    _hold_numpy_view_of_view,
-]
 
 
 def test_a_small_frame_nothing_holds_is_reused() -> None:
