@@ -171,7 +171,7 @@ def _take_unheld(kept: collections.deque[tuple[bytearray, int]]) -> tuple[bytear
     nothing else holds it, or else the next one; ``None`` if both are held (each
     goes to the back, to be looked at again after the others). Each is out of
     the deque while it is looked at, so a thread that takes it is the only one
-    that can."""
+    that can. (Unrolled: it runs for every small frame.)"""
     try:
         item = kept.popleft()
     except IndexError:
@@ -223,7 +223,7 @@ def size_class(nbytes: int) -> int:
 @final
 @dataclass(frozen=True, slots=True)
 class PoolStatistics:
-    r"""What a :class:`BufferPool` holds and has done (:meth:`BufferPool.statistics`).
+    """What a :class:`BufferPool` holds and has done (:meth:`BufferPool.statistics`).
 
     Attributes:
         buffers_in_use: frames handed out that something still holds.
@@ -251,7 +251,7 @@ class PoolStatistics:
 
 @final
 class BufferPool:
-    r"""An allocator (``Options(allocator=BufferPool())``) that receives frames of
+    """An allocator (``Options(allocator=BufferPool())``) that receives frames of
     ``min_size`` bytes and more into memory reused from frames nothing holds any
     more; smaller frames go to ``fallback``, or, without one, get a ``bytearray``
     that is reused too from 4 KiB (``SMALL_MIN``) once nothing holds it (see the
@@ -460,14 +460,11 @@ class BufferPool:
         nbytes = end - start
         if nbytes < SMALL_MIN or nbytes >= self.min_size or not self._max_small_bytes:
             return memoryview(bytearray(source[start:end]))
-        item = _take_unheld(self._kept)
-        if item is None:
+        buffer = self._unheld()
+        if buffer is None:
             buffer = bytearray(source[start:end])
         else:
-            buffer, size = item
-            self._kept_bytes -= size
-            self._small_reused += 1
-            if len(buffer) > nbytes:  # (its holder may have resized it)
+            if len(buffer) > nbytes:
                 del buffer[nbytes:]  # (at the end: the block stays where it is)
             buffer[:] = source[start:end]
         self._keep(buffer, nbytes)
@@ -476,20 +473,28 @@ class BufferPool:
     def _small(self, nbytes: int) -> bytearray:
         """A small frame's buffer of exactly ``nbytes`` bytes: a kept one nothing
         else holds (see :func:`_take_unheld`), else a new one; kept in turn."""
-        item = _take_unheld(self._kept)
-        if item is None:
+        buffer = self._unheld()
+        if buffer is None:
             buffer = bytearray(nbytes)
         else:
-            buffer, size = item
-            self._kept_bytes -= size
-            self._small_reused += 1
-            length = len(buffer)  # (its holder may have resized it)
+            length = len(buffer)
             if length > nbytes:
                 del buffer[nbytes:]
             elif length < nbytes:
                 buffer.extend(bytes(nbytes - length))
         self._keep(buffer, nbytes)
         return buffer
+
+    def _unheld(self) -> bytearray | None:
+        """A kept small buffer nothing else holds, no longer kept (see
+        :func:`_take_unheld`; its size may not be the one it was handed out at,
+        if its holder resized it), or ``None``."""
+        item = _take_unheld(self._kept)
+        if item is None:
+            return None
+        self._kept_bytes -= item[1]
+        self._small_reused += 1
+        return item[0]
 
     def _keep(self, buffer: bytearray, nbytes: int) -> None:
         """Keep a small buffer just handed out, to reuse it once nothing else holds
