@@ -78,23 +78,54 @@ def _anyio_task_states(
     return backend._task_states.data, _current_task_of(loop)
 
 
+def _nothing() -> None:
+    return None
+
+
+def _forget(_state: object) -> Callable[[], None]:
+    return _nothing
+
+
+# What ``cancel_due`` remembers of the last task's AnyIO state: a weak reference,
+# which dies with the state when AnyIO drops or replaces it (at once, where
+# reference counting frees objects); elsewhere nothing, and it looks the state
+# up on every call.
+_remember: Callable[[Any], Callable[[], Any]] = (
+    ref if sys.implementation.name == "cpython" else _forget
+)
+
+
 def asyncio_cancel_due(loop: asyncio.AbstractEventLoop) -> Callable[[], bool] | None:
     """A predicate telling whether AnyIO would deliver a cancellation to the
     calling task of ``loop`` at a checkpoint now (a cancelled scope between the
     task and the first shielded one); None where AnyIO's layout is not the one
-    it reads."""
+    it reads.
+
+    A comm is mostly used by one task, so the predicate remembers the last task
+    it was asked about and that task's AnyIO state, both by weak reference:
+    it keeps neither alive, and a state AnyIO let go of is looked up again.
+    The scopes themselves are read on every call."""
     reader = _anyio_task_states(loop)
     if reader is None:
         return None
     states, current_task = reader
 
+    last_task: Callable[[], Any] = _nothing  # the last task asked about, by weak reference
+    last_state: Callable[[], Any] = _nothing  # its AnyIO state, by weak reference
+
     def cancel_due() -> bool:
+        nonlocal last_task, last_state
         task = current_task()
         if task is None:
             return False
-        state = states.get(ref(task))
+        state = last_state() if last_task() is task else None
         if state is None:
-            return False  # a task AnyIO does not know: no scope of AnyIO's holds it
+            task_ref = ref(task)
+            state = states.get(task_ref)
+            if state is None:
+                return False  # a task AnyIO does not know: no scope of AnyIO's holds it
+            last_task = task_ref
+            last_state = _remember(state)
         scope = state.cancel_scope
         while scope is not None:
             if scope._cancel_called:

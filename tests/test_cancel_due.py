@@ -5,10 +5,13 @@ reads, it always answers yes (and the comm awaits the check itself)."""
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import anyio
 import pytest
 from anyio import get_cancelled_exc_class
-from anyio.lowlevel import checkpoint_if_cancelled
+from anyio.lowlevel import checkpoint, checkpoint_if_cancelled
 
 from anyio_comm import _backend
 from anyio_comm._backend import current_backend
@@ -68,3 +71,87 @@ async def test_an_unknown_layout_always_answers_yes(
     with unknown_task_layout(monkeypatch, trio=anyio_backend_name == "trio"):
         assert current_backend().cancel_due is _backend._always
     assert current_backend().cancel_due is not _backend._always
+
+
+def running_task(anyio_backend_name: str) -> object:
+    """The backend's own object for the calling task."""
+    if anyio_backend_name == "trio":
+        import trio
+
+        return trio.lowlevel.current_task()
+    import asyncio
+
+    return asyncio.current_task()
+
+
+async def test_one_predicate_answers_for_each_task_that_asks() -> None:
+    """Tasks taking turns with one predicate (as tasks sharing a comm do) each
+    get the answer for their own scopes, however often they alternate."""
+    cancel_due = current_backend().cancel_due
+    answers: dict[str, list[bool]] = {"cancelled": [], "plain": []}
+    turn = {"cancelled": anyio.Event(), "plain": anyio.Event()}
+
+    async def asker(name: str, other: str) -> None:
+        for _ in range(5):
+            await turn[name].wait()
+            turn[name] = anyio.Event()
+            with anyio.CancelScope() as scope:  # noqa: ASYNC100 - the scope is what is asked about
+                if name == "cancelled":
+                    scope.cancel()
+                answers[name].append(cancel_due())
+                answers[name].append(cancel_due())  # asked twice in a row
+            turn[other].set()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(asker, "cancelled", "plain")
+        tg.start_soon(asker, "plain", "cancelled")
+        await anyio.wait_all_tasks_blocked()
+        turn["plain"].set()
+    assert answers == {"cancelled": [True] * 10, "plain": [False] * 10}
+
+
+async def test_it_keeps_no_task_alive(anyio_backend_name: str) -> None:
+    """A task that asked, and finished, is freed while the predicate lives on."""
+    cancel_due = current_backend().cancel_due
+    tasks: list[weakref.ref[object]] = []
+
+    async def ask() -> None:
+        tasks.append(weakref.ref(running_task(anyio_backend_name)))
+        with anyio.CancelScope():  # noqa: ASYNC100 - AnyIO makes the task's state here
+            assert not cancel_due()
+        assert not cancel_due()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask)
+    await checkpoint()  # the loop lets go of the finished task
+    gc.collect()
+    assert tasks[0]() is None
+    assert not cancel_due()  # and asking again, from another task, still works
+
+
+async def test_a_state_anyio_let_go_of_is_looked_up_again(anyio_backend_name: str) -> None:
+    """When AnyIO drops a task's state (as ``anyio.run`` does when its function
+    returns) and makes a new one when the task enters a scope again, the
+    predicate reads the new one, not the one it remembered."""
+    if anyio_backend_name == "trio":
+        pytest.skip("trio keeps a task's cancel status itself")
+    import asyncio
+
+    from anyio._backends import _asyncio as backend
+
+    cancel_due = current_backend().cancel_due
+
+    async def plain_asyncio_task() -> list[bool]:
+        said = []
+        with anyio.CancelScope():  # noqa: ASYNC100 - AnyIO makes this task's state here
+            said.append(cancel_due())
+        said.append(cancel_due())
+        task = asyncio.current_task()
+        assert task is not None
+        del backend._task_states[task]
+        with anyio.CancelScope() as scope:  # noqa: ASYNC100 - and a new one here
+            scope.cancel()
+            said.append(cancel_due())
+        return said
+
+    assert await asyncio.create_task(plain_asyncio_task()) == [False, False, True]
