@@ -34,6 +34,7 @@ Run from the repository root::
     python -m benchmarks.profile_small --backend uvloop --mode profile --count 20000
     python -m benchmarks.profile_small --backend uvloop --mode instructions --concurrency 4
     python -m benchmarks.profile_small --backend uvloop --mode instructions --system task-floor
+    python -m benchmarks.profile_small --backend trio --mode instructions --concurrency 4 --tls 1.3
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ import anyio
 from anyio.lowlevel import cancel_shielded_checkpoint, checkpoint, checkpoint_if_cancelled
 
 import anyio_comm
+from anyio_comm._bench._tls import TLS_VERSIONS, certificates, client_context, server_context
 from anyio_comm._sansio import wire as wire_format
 from anyio_comm._sansio.decoder import FrameDecoder
 from anyio_comm._sansio.serialization import Serializer
@@ -63,6 +65,7 @@ from anyio_comm._sansio.wire import Limits, encode_header, encode_preamble, fram
 from anyio_comm.bench import BACKENDS, run_backend
 
 if TYPE_CHECKING:
+    import ssl
     from collections.abc import Awaitable, Callable
 
 MAX_COUNT = 1_000_000
@@ -168,9 +171,31 @@ def micro(backend: str, size: int, count: int) -> list[tuple[str, float]]:
     return [(n, ns / 1000) for n, ns in results]
 
 
-async def _roundtrips(size: int, count: int, warmup: int, concurrency: int = 1) -> float:
+async def _roundtrips(
+    size: int, count: int, warmup: int, concurrency: int = 1, tls: str | None = None
+) -> float:
     """Run ``count`` echo round trips in this process, spread over
-    ``concurrency`` connections; return the CPU seconds taken."""
+    ``concurrency`` connections (``tls://`` of that TLS version with ``tls``);
+    return the CPU seconds taken."""
+    with certificates("profile-small-" if tls else None) as files:
+        return await _roundtrips_over(
+            size,
+            count,
+            warmup,
+            concurrency,
+            server_context(files, tls),
+            client_context(files, tls),
+        )
+
+
+async def _roundtrips_over(
+    size: int,
+    count: int,
+    warmup: int,
+    concurrency: int,
+    server_ssl: ssl.SSLContext | None,
+    client_ssl: ssl.SSLContext | None,
+) -> float:
     payload = _payload(size)
     message = {"data": payload}
 
@@ -185,9 +210,13 @@ async def _roundtrips(size: int, count: int, warmup: int, concurrency: int = 1) 
         if n and len(reply["data"]) != size:
             raise RuntimeError("echo came back with the wrong size")
 
-    async with anyio_comm.listen("tcp://127.0.0.1:0", echo) as listener:
+    scheme = "tcp" if server_ssl is None else "tls"
+    async with anyio_comm.listen(
+        f"{scheme}://127.0.0.1:0", echo, ssl_context=server_ssl
+    ) as listener:
         comms = [
-            await anyio_comm.connect(listener.address, timeout=10) for _ in range(concurrency)
+            await anyio_comm.connect(listener.address, timeout=10, ssl_context=client_ssl)
+            for _ in range(concurrency)
         ]
         await client(comms[0], warmup)
         t0 = time.process_time()
@@ -410,11 +439,15 @@ def roundtrip(
     system: str,
     warmup: int | None,
     concurrency: int = 1,
+    tls: str | None = None,
 ) -> float:
-    """Best CPU microseconds per round trip over ``repeat`` runs."""
+    """Best CPU microseconds per round trip over ``repeat`` runs (``tls``: anyio-comm
+    over ``tls://`` of that TLS version)."""
     if warmup is None:
         warmup = min(count // 10 + 1, 2000)
     warmup = max(0, min(warmup, MAX_COUNT))
+    if tls is not None and system != "anyio-comm":
+        raise SystemExit("--tls measures anyio-comm: --system anyio-comm")
     if system == "raw" and backend == "trio":
         if concurrency != 1:
             raise SystemExit("--system raw on trio runs one connection: --concurrency 1")
@@ -430,13 +463,18 @@ def roundtrip(
         func, args = _task_floor, (size, count, warmup, concurrency)
     else:
         func = _roundtrips
-        args = (size, count, warmup, concurrency)
+        args = (size, count, warmup, concurrency, tls)
     best = min(run_backend(backend, func, *args) for _ in range(repeat))
     return best / count * 1e6
 
 
 def instructions(
-    backend: str, size: int, system: str, concurrency: int, counts: tuple[int, int] = (200, 1200)
+    backend: str,
+    size: int,
+    system: str,
+    concurrency: int,
+    counts: tuple[int, int] = (200, 1200),
+    tls: str | None = None,
 ) -> float:
     """User-space instructions per round trip, counted by valgrind's callgrind: the
     difference between runs of ``counts`` round trips, so that start-up cancels out.
@@ -461,6 +499,7 @@ def instructions(
             *("--backend", backend, "--mode", "roundtrip", "--repeat", "1"),
             *("--count", str(count), "--warmup", "50", "--size", str(size)),
             *("--system", system, "--concurrency", str(concurrency)),
+            *(("--tls", tls) if tls else ()),
         ]
         done = subprocess.run(command, capture_output=True, text=True, timeout=900, check=False)
         found = re.search(r"Collected : (\d+)", done.stderr)
@@ -470,11 +509,13 @@ def instructions(
     return (collected[1] - collected[0]) / (counts[1] - counts[0])
 
 
-def profile(backend: str, size: int, count: int, top: int, concurrency: int = 1) -> str:
+def profile(
+    backend: str, size: int, count: int, top: int, concurrency: int = 1, tls: str | None = None
+) -> str:
     """Profile ``count`` round trips; return a table of the costliest functions."""
     profiler = cProfile.Profile()
     profiler.enable()
-    run_backend(backend, _roundtrips, size, count, 0, concurrency)
+    run_backend(backend, _roundtrips, size, count, 0, concurrency, tls)
     profiler.disable()
     stats = pstats.Stats(profiler, stream=io.StringIO())
     rows: list[tuple[float, float, int, str]] = []
@@ -522,6 +563,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--warmup", type=int, default=None, help="roundtrip: warm-up round trips (0 for strace)"
     )
+    parser.add_argument(
+        "--tls",
+        choices=sorted(TLS_VERSIONS),
+        default=None,
+        help="roundtrip, profile, instructions: anyio-comm over tls:// of this TLS version "
+        "(test certificates made with trustme)",
+    )
     args = parser.parse_args(argv)
     count = max(1, min(args.count, MAX_COUNT))
     concurrency = max(1, min(args.concurrency, 64))
@@ -538,19 +586,24 @@ def main(argv: list[str] | None = None) -> int:
             args.system,
             args.warmup,
             concurrency,
+            args.tls,
         )
         print(
             f"{us:8.2f} CPU us per round trip ({args.system}, both ends, one process),"
             f" {1e6 / us:,.0f} rt/s"
         )
     elif args.mode == "instructions":
-        per_rt = instructions(args.backend, args.size, args.system, concurrency)
+        per_rt = instructions(args.backend, args.size, args.system, concurrency, tls=args.tls)
         print(
             f"{per_rt:10,.0f} instructions per round trip ({args.system}, both ends, "
-            f"c={concurrency}, user space, callgrind)"
+            f"c={concurrency}{f', TLS {args.tls}' if args.tls else ''}, user space, callgrind)"
         )
     else:
-        print(profile(args.backend, args.size, count, max(1, min(args.top, 200)), concurrency))
+        print(
+            profile(
+                args.backend, args.size, count, max(1, min(args.top, 200)), concurrency, args.tls
+            )
+        )
     return 0
 
 
