@@ -195,9 +195,9 @@ def _read(conn: Connection, transport: Transport) -> tuple[int, bool]:
 
     Returns:
         The bytes read (0: the stream ended; -1: the transport had nothing), and
-        whether the read came up short on a transport that holds nothing back:
-        a plain socket is empty then. (Not over TLS, where OpenSSL may still hold
-        a record, close_notify say: read on until the transport has nothing.)
+        whether the read left the transport empty (``Transport.drained``: a plain
+        socket's read came up short; over TLS, OpenSSL holds nothing either),
+        so that a next read would find nothing without waiting.
 
     Raises:
         Exception: what the transport raises (the connection failed, say).
@@ -210,7 +210,7 @@ def _read(conn: Connection, transport: Transport) -> tuple[int, bool]:
         conn.buffer_updated(n)
     else:
         conn.receive_eof()
-    return n, n < buffer.nbytes and not transport.buffers_data
+    return n, transport.drained
 
 
 def _decompress_small(conn: Connection, transport: Transport) -> Frames | None:

@@ -42,6 +42,13 @@ class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
     #: does not mean nothing more can be received without waiting; a plain socket
     #: cannot, so there a short read means the socket is empty
     buffers_data: bool = True
+    #: read right after :meth:`receive_into_nowait` returned a count: that read
+    #: left the transport empty (a plain socket's receive came up short; over
+    #: TLS, OpenSSL holds nothing either: no ciphertext, plaintext or end), so
+    #: the next call answers ``None`` until :meth:`readable` or
+    #: :meth:`wait_readable`, and whatever comes next (the peer's end included)
+    #: makes the socket readable. False where the transport cannot tell.
+    drained: bool = False
 
     async def handshake(self) -> None:
         """Run the transport's own handshake, if any (TLS); a no-op by default."""

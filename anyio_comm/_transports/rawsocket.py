@@ -366,7 +366,6 @@ class SocketTransport(Transport, SocketStream):
         "_behind_error",
         "_behind_size",
         "_closed",
-        "_drained",
         "_flush_scheduled",
         "_flusher",
         "_loop",
@@ -380,6 +379,7 @@ class SocketTransport(Transport, SocketStream):
         "_trio_closed",
         "_writer",
         "_writing_behind",
+        "drained",
     )
 
     def __init__(self, sock: socket.socket) -> None:
@@ -388,7 +388,7 @@ class SocketTransport(Transport, SocketStream):
         self._closed = False
         self._send_interrupted = False
         # The last recv returned less than it asked for: the socket was empty.
-        self._drained = False
+        self.drained = False
         backend = current_backend()
         loop = self._loop = backend.loop
         # Write-behind (see write_behind.py): the queued buffers and their size
@@ -495,24 +495,24 @@ class SocketTransport(Transport, SocketStream):
     def receive_into_nowait(self, buffer: memoryview) -> int | None:
         if self._closed:
             raise ClosedResourceError
-        if self._drained:
+        if self.drained:
             return None
         try:
             n = self._sock.recv_into(buffer)
         except BlockingIOError:
-            self._drained = True
+            self.drained = True
             return None
         except OSError as exc:
             raise self._translate(exc) from exc
-        self._drained = n < buffer.nbytes
+        self.drained = n < buffer.nbytes
         return n
 
     def wait_readable(self) -> Awaitable[None]:
-        self._drained = False
+        self.drained = False
         return self._wait(readable=True)
 
     def readable(self) -> None:
-        self._drained = False
+        self.drained = False
 
     def peer_reset(self) -> bool:
         sock = self._sock

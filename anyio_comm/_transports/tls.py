@@ -180,6 +180,7 @@ class TLSTransport(Transport):
         "_ssl",
         "_tls_error",
         "_unsent",
+        "drained",
     )
 
     def __init__(
@@ -192,6 +193,7 @@ class TLSTransport(Transport):
         handshake_limiter: CapacityLimiter | None = None,
     ) -> None:
         self._inner = inner
+        self.drained = False
         self._handshake_limiter = handshake_limiter
         self._incoming = ssl.MemoryBIO()
         self._outgoing = ssl.MemoryBIO()
@@ -385,6 +387,7 @@ class TLSTransport(Transport):
         incoming = self._incoming
         nbytes = buffer.nbytes
         received = 0
+        self.drained = False
         while True:
             if self._closed:
                 raise ClosedResourceError
@@ -408,7 +411,12 @@ class TLSTransport(Transport):
                     if not count:  # the session ended
                         return self._end_of_session(received, None)
                     received += count
-                    if received == nbytes or not (incoming.pending or sslobj.pending()):
+                    if received == nbytes:
+                        return received
+                    if not (incoming.pending or sslobj.pending()):
+                        # OpenSSL holds nothing: empty if the socket is (and its
+                        # end, if it came, was not fed to OpenSSL yet).
+                        self.drained = self._inner.drained and not incoming.eof
                         return received
                     continue
                 except ssl.SSLWantReadError:
