@@ -47,9 +47,10 @@ whole message at a time. Two engines do that:
   stays: no system call to switch). With one connection that measured ahead
   of the callback filling the buffer and waking the task once with the whole
   message (1 MB and 5 x 1 MB messages: 1.14-1.22x the round trips per second
-  on asyncio and uvloop, 10 MB 1.04-1.09x). Over TLS a short read says
-  nothing (OpenSSL may hold more), so the callback still fills the buffer
-  there and wakes the task with the whole message. Either way a
+  on asyncio and uvloop, 10 MB 1.04-1.09x). Over TLS the callback still
+  fills the buffer and wakes the task with the whole message (the task does
+  not look again after a pass there: the transport's "drained" mark stays).
+  Either way a
   frame's buffer is allocated when its consumer asks for it, after the
   consumer let go of the previous message (allocated in the callback, it came
   while the consumer still held its last one: with several connections the
@@ -629,7 +630,11 @@ class PushReceiver(Receiver):
                     # socket is empty, the task's wake-up is the pass of the loop
                     # after which it looks again (see the module).
                     status = conn.receiving.status
-                    if short and (status is TASK_READS_FRAME or status is TASK_READS_MANY):
+                    if (
+                        short
+                        and not transport.buffers_data
+                        and (status is TASK_READS_FRAME or status is TASK_READS_MANY)
+                    ):
                         transport.readable()
                     break
                 if not n or short:
