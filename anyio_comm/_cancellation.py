@@ -50,6 +50,7 @@ def _anyio_layout() -> Any | None:
         (scope._cancel_called, scope._shield, scope._parent_scope, scope._deadline)  # noqa: B018
         state = backend.TaskState(None, scope)
         state.cancel_scope  # noqa: B018
+        ref(state)  # (asyncio_cancel_due remembers a task's state by weak reference)
     except (ImportError, AttributeError, TypeError):
         return None
     if not isinstance(data, dict):

@@ -321,8 +321,8 @@ class PullReceiver(Receiver):
         self._transport = transport
         self._conn = conn
         conn.start_receiving(PULL, offload_min=OFFLOAD_MIN, check_every=CHECK_EVERY)
-        # The last read from a plain socket came up short: it is empty, so do
-        # not try it again before waiting.
+        # The last read left the transport empty (Transport.drained): do not
+        # try it again before waiting.
         self._empty = False
         # one pass of the event loop (see the module)
         self._pause = pause

@@ -155,3 +155,78 @@ async def test_a_state_anyio_let_go_of_is_looked_up_again(anyio_backend_name: st
         return said
 
     assert await asyncio.create_task(plain_asyncio_task()) == [False, False, True]
+
+
+async def test_it_keeps_no_anyio_state_alive(anyio_backend_name: str) -> None:
+    """The state AnyIO dropped with its finished task is freed too (a state does not
+    hold its task: freeing the task says nothing of it)."""
+    if anyio_backend_name == "trio":
+        pytest.skip("trio keeps a task's cancel status itself")
+    import asyncio
+
+    from anyio._backends import _asyncio as backend
+
+    cancel_due = current_backend().cancel_due
+    states: list[weakref.ref[object]] = []
+
+    async def ask() -> None:
+        with anyio.CancelScope():  # noqa: ASYNC100 - AnyIO makes the task's state here
+            assert not cancel_due()
+            task = asyncio.current_task()
+            assert task is not None
+            states.append(weakref.ref(backend._task_states[task]))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ask)
+    gc.collect()
+    assert states[0]() is None
+
+
+async def test_where_nothing_is_remembered_it_answers_the_same(
+    anyio_backend_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Off CPython the predicate remembers no state and looks it up on every call."""
+    if anyio_backend_name == "trio":
+        pytest.skip("trio keeps a task's cancel status itself")
+    import asyncio
+
+    from anyio_comm import _cancellation
+
+    monkeypatch.setattr(_cancellation, "_remember", _cancellation._forget)
+    cancel_due = _cancellation.asyncio_cancel_due(asyncio.get_running_loop())
+    assert cancel_due is not None
+    with anyio.CancelScope() as scope:  # noqa: ASYNC100 - the scope is what is asked about
+        assert not cancel_due()
+        scope.cancel()
+        assert cancel_due()
+        assert cancel_due()
+        with anyio.CancelScope(shield=True):  # noqa: ASYNC100 - the shield is asked about
+            assert not cancel_due()
+
+
+async def test_task_states_it_cannot_refer_to_weakly_are_an_unknown_layout(
+    anyio_backend_name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An AnyIO whose task states take no weak references: the comm falls back to
+    AnyIO's own check rather than failing on every send and receive."""
+    if anyio_backend_name == "trio":
+        pytest.skip("trio keeps a task's cancel status itself")
+    from anyio._backends import _asyncio as backend
+
+    from anyio_comm import _cancellation
+
+    class TaskState:
+        __slots__ = ("cancel_scope", "parent_id")
+
+        def __init__(self, parent_id: int | None, cancel_scope: object) -> None:
+            self.parent_id = parent_id
+            self.cancel_scope = cancel_scope
+
+    monkeypatch.setattr(backend, "TaskState", TaskState)
+    _cancellation._anyio_layout.cache_clear()
+    try:
+        assert current_backend().cancel_due is _backend._always
+    finally:
+        monkeypatch.undo()
+        _cancellation._anyio_layout.cache_clear()
+    assert current_backend().cancel_due is not _backend._always

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import gc
 import logging
+import random
 import ssl
 import threading
 import time
@@ -642,10 +643,12 @@ async def test_ragged_eof_inside_a_message_breaks_receive(
 async def bio_tls_client(
     tls_version: ssl.TLSVersion,
     then: Callable[[ssl.SSLObject, ssl.MemoryBIO, anyio.abc.SocketStream], Awaitable[object]],
+    **options: Any,
 ) -> AsyncIterator[Comm]:
-    """A comm connected (within 5 s) to a TLS server over an ``SSLObject`` and memory
-    BIOs on 127.0.0.1: the handshake, a preamble each way, then ``then(sslobj,
-    outgoing, tcp_stream)``, which writes what ciphertext it likes; then TCP closes."""
+    """A comm connected (within 5 s, with ``options``) to a TLS server over an
+    ``SSLObject`` and memory BIOs on 127.0.0.1: the handshake, a preamble each way, then
+    ``then(sslobj, outgoing, tcp_stream)``, which writes what ciphertext it likes; then
+    TCP closes."""
     incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
     sslobj = server_context(tls_version).wrap_bio(incoming, outgoing, server_side=True)
 
@@ -676,7 +679,10 @@ async def bio_tls_client(
         port = tcp_listener.extra(SocketAttribute.local_port)
         with anyio.fail_after(5):
             comm = await anyio_comm.connect(
-                f"tls://127.0.0.1:{port}", ssl_context=client_context(tls_version), timeout=5
+                f"tls://127.0.0.1:{port}",
+                ssl_context=client_context(tls_version),
+                timeout=5,
+                **options,
             )
         async with comm:
             yield comm
@@ -705,6 +711,57 @@ async def test_a_bad_record_behind_a_message_breaks_the_next_receive(
         with anyio.fail_after(5):
             assert [bytes(f) for f in await comm.receive_frames()] == [b"hello"]
             with pytest.raises(BrokenResourceError, match="TLS error"):
+                await comm.receive_frames()
+
+
+#: frame sizes of the messages below (-1: a message of many short frames and a large one,
+#: which the push engine leaves to the task)
+CUT_SIZES = [0, 1, 5, 100, 1000, 4000, 5000, 16_000, 16_400, 70_000, 300_000, -1]
+MANY_FRAMES = [10] * 40 + [20_000] + [3] * 5
+
+
+@pytest.mark.parametrize("engine", ["auto", "pull"])
+@pytest.mark.parametrize("seed", range(4))
+async def test_messages_whose_ciphertext_is_cut_anywhere_then_close_notify(
+    tls_version: ssl.TLSVersion, engine: str, seed: int
+) -> None:
+    """Messages of every size, their ciphertext cut at random (inside records and at
+    their ends) and sent piece by piece with pauses, then close_notify with TCP kept
+    open: both receive engines, with a small read buffer (large frames are the task's),
+    take every message and then the clean end, never waiting on a socket while
+    OpenSSL holds what they need."""
+    rng = random.Random(seed)
+    sizes = [rng.choice(CUT_SIZES) for _ in range(rng.randint(3, 10))]
+
+    def frames_of(size: int) -> list[int]:
+        return MANY_FRAMES if size < 0 else [size]
+
+    async def cut_messages(
+        sslobj: ssl.SSLObject, outgoing: ssl.MemoryBIO, stream: anyio.abc.SocketStream
+    ) -> None:
+        for i, size in enumerate(sizes):
+            lengths = frames_of(size)
+            sslobj.write(encode_header(lengths) + bytes([i]) * sum(lengths))
+        with contextlib.suppress(ssl.SSLError):
+            sslobj.unwrap()
+        ciphertext = outgoing.read()
+        start = 0
+        while start < len(ciphertext):
+            end = start + rng.choice([1, 5, 6, 100, 4096, 5000, 17_000, 70_000])
+            await stream.send(ciphertext[start:end])
+            start = end
+            await anyio.sleep(rng.choice([0, 0, 0.001, 0.003]))
+        await anyio.sleep(30)  # TCP stays open: only close_notify ends the stream
+
+    async with bio_tls_client(
+        tls_version, cut_messages, receive_engine=engine, read_buffer_size=4096
+    ) as comm:
+        with anyio.fail_after(10):
+            for i, size in enumerate(sizes):
+                frames = await comm.receive_frames()
+                assert [len(f) for f in frames] == frames_of(size)
+                assert all(bytes(f) == bytes([i]) * len(f) for f in frames)
+            with pytest.raises(EndOfStream):
                 await comm.receive_frames()
 
 
