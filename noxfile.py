@@ -42,8 +42,17 @@ nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = CI
 
 
+#: pytest-xdist's workers: one per CPU, at most two (the suite's timing-bounded tests are
+#: checked on two CPUs; ``nox -s tests-3.11 -- -n 0`` runs in one process)
+WORKERS = ("--numprocesses", "auto", "--maxprocesses", "2")
+
+
 def run_pytest(
-    session: nox.Session, extras: str, *pytest_args: str, packages: tuple[str, ...] = ()
+    session: nox.Session,
+    extras: str,
+    *pytest_args: str,
+    packages: tuple[str, ...] = (),
+    workers: tuple[str, ...] = WORKERS,
 ) -> None:
     session.install(f".[{extras}]", *packages)
     session.run(
@@ -54,6 +63,7 @@ def run_pytest(
         "pytest",
         "-p",
         "no:cacheprovider",
+        *workers,
         *pytest_args,
         *session.posargs,
         env={"PYTHONASYNCIODEBUG": "0"},
@@ -87,8 +97,17 @@ def tests_system_python(session: nox.Session) -> None:
 @nox.session(python="3.11")
 def tests_asyncio_only(session: nox.Session) -> None:
     """Without the optional trio and uvloop extras: the core must not need them."""
-    session.install(".", "pytest>=8", "pytest-timeout>=2.3", "hypothesis>=6.100", "trustme>=1.1")
-    session.run("python", "-m", "pytest", "-p", "no:cacheprovider", "-q", *session.posargs)
+    session.install(
+        ".",
+        "pytest>=8",
+        "pytest-timeout>=2.3",
+        "pytest-xdist>=3.5",
+        "hypothesis>=6.100",
+        "trustme>=1.1",
+    )
+    session.run(
+        "python", "-m", "pytest", "-p", "no:cacheprovider", "-q", *WORKERS, *session.posargs
+    )
 
 
 @nox.session(python="3.11")
@@ -104,6 +123,7 @@ def tests_dask(session: nox.Session) -> None:
         "tests/test_dask_cluster.py",
         "tests/test_dask_netns.py",
         packages=(DISTRIBUTED, "numpy"),
+        workers=(),  # one process: the clusters start worker processes of their own
     )
 
 
