@@ -87,6 +87,32 @@ async def test_frames_layer(kind: str) -> None:
         assert await server.receive_frames() == []
 
 
+async def test_large_and_small_messages_back_to_back(kind: str) -> None:
+    """Messages read straight into their frames' buffers, each followed in the same
+    writes by the next (large ones, a run of small ones, large ones of several
+    frames, a frame whose header ends a read): all arrive whole and in order, both
+    ways, through both layers."""
+    large = [bytes([i]) * (100_000 + i) for i in range(4)]
+    batch = [
+        {"data": large[0]},
+        {"data": large[1]},
+        *[{"n": i, "s": b"s" * (i % 50)} for i in range(40)],
+        {"a": large[2], "b": b"x" * 70_000, "c": large[3]},
+        {"data": b"y" * 300_000},
+        {"n": -1},
+    ]
+    frames = [[b"h" * 4090, large[0]], [large[1][:20_000]], [large[2]], [b"t"]]
+    async with connected_pair(kind) as (client, server):
+        for sender, receiver in ((client, server), (server, client)):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(sender.send_batch, batch)
+                assert [await receiver.receive() for _ in batch] == batch
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(sender.send_frames_batch, frames)
+                for expected in frames:
+                    assert [bytes(f) for f in await receiver.receive_frames()] == expected
+
+
 @pytest.mark.parametrize("count", [33, 16_384])
 async def test_many_frame_messages(kind: str, count: int) -> None:
     """Messages of more than 32 frames, some shorter than 64 bytes (kept back to back

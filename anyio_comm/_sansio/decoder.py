@@ -351,6 +351,7 @@ class FrameDecoder:
         "_account",
         "_allocator",
         "_buf",
+        "_cap_next_read",
         "_capabilities",
         "_close_records",
         "_copy",
@@ -422,6 +423,7 @@ class FrameDecoder:
         self._start = 0
         self._end = 0
         self._direct = False
+        self._cap_next_read = False
         self._direct_threshold = read_buffer_size // 4
         self._eof = False
         self._state = _PREAMBLE
@@ -523,6 +525,9 @@ class FrameDecoder:
         read was abandoned: nothing is lost). Before the peer's preamble has been
         parsed the buffer is small (:data:`PREAMBLE_BUFFER_SIZE` bytes in all);
         the next call after the preamble was parsed hands out the larger one.
+        After a read straight into a frame's buffer, the read-ahead buffer handed
+        out next at the start of a message is :data:`MIN_READ_BUFFER_SIZE` bytes
+        long (once): the header of a large message, and little of its frame to copy.
         """
         if self._state is _ENDED:
             self._start = self._end = 0  # after the end nothing is parsed: discard
@@ -534,6 +539,7 @@ class FrameDecoder:
             missing = target.nbytes - self._filled
             if missing >= self._direct_threshold:
                 self._direct = True
+                self._cap_next_read = True
                 return target[self._filled :]
         self._direct = False
         start = self._start
@@ -546,7 +552,16 @@ class FrameDecoder:
                 self._buf[: end - start] = self._view[start:end]
             self._start = 0
             end = self._end = end - start
-        return self._view[end:] if end else self._view
+        if end:
+            return self._view[end:]
+        if self._cap_next_read and target is None:
+            # The read after one straight into a frame's buffer: the next message
+            # is likely large too, and what a full read-ahead buffer took of its
+            # frame would be copied into that frame's buffer. Its header and a
+            # little more, then (one read of this size, whatever the message).
+            self._cap_next_read = False
+            return self._view[:MIN_READ_BUFFER_SIZE]
+        return self._view
 
     def buffer_updated(self, nbytes: int) -> None:
         """Record that ``nbytes`` bytes were written into the last buffer from

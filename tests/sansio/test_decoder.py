@@ -9,6 +9,7 @@ import pytest
 
 from anyio_comm import BufferPool, Limits, PackedFrames, RemoteProtocolError
 from anyio_comm._sansio.decoder import (
+    MIN_READ_BUFFER_SIZE,
     PREAMBLE_BUFFER_SIZE,
     EndOfData,
     FrameDecoder,
@@ -110,6 +111,93 @@ def test_large_frame_is_received_directly_into_its_buffer() -> None:
     (frame,) = d.next_message() or []
     assert bytes(frame) == payload
     assert frame.obj is target.obj  # same allocation: the kernel wrote the final place
+
+
+class Socket:
+    """A reader that fills whatever get_buffer hands out from ``stream`` (a socket
+    holding all of it), recording each read: the size handed out, and whether it was
+    a frame's own buffer (one the allocator made) or the read-ahead buffer."""
+
+    def __init__(self, stream: bytes, **kwargs: object) -> None:
+        self.stream = memoryview(stream)
+        self.frame_buffers: list[bytearray] = []
+        self.decoder = FrameDecoder(allocator=self.allocate, **kwargs)  # type: ignore[arg-type]
+        self.decoder.on_handshake = lambda handshake: None
+        self.reads: list[tuple[int, bool]] = []
+        self.messages: list[list[bytes]] = []
+
+    def allocate(self, nbytes: int) -> bytearray:
+        buffer = bytearray(nbytes)
+        self.frame_buffers.append(buffer)
+        return buffer
+
+    def read(self, limit: int | None = None) -> None:
+        """One read of up to ``limit`` bytes, then every message it completed."""
+        buffer = self.decoder.get_buffer()
+        self.reads.append((buffer.nbytes, any(buffer.obj is f for f in self.frame_buffers)))
+        n = min(buffer.nbytes, self.stream.nbytes, buffer.nbytes if limit is None else limit)
+        buffer[:n] = self.stream[:n]
+        self.stream = self.stream[n:]
+        self.decoder.buffer_updated(n)
+        while (frames := self.decoder.next_message()) is not None:
+            self.messages.append([bytes(f) for f in frames])
+
+
+def test_after_a_read_into_a_frame_the_next_takes_a_header_and_little_more() -> None:
+    """A stream of large messages copies little of each out of the read-ahead buffer:
+    after a read straight into a frame's buffer, the next read at the start of a
+    message is MIN_READ_BUFFER_SIZE bytes, once; then the read-ahead buffer is
+    handed out whole again (a run of small messages is read in full reads)."""
+    large = [bytes([i]) * 100_000 for i in range(3)]
+    small = [[b"s%d" % i * 30] for i in range(2000)]  # about 70 KB
+    messages = [[large[0]], [large[1]], *small, [b"head", large[2]]]
+    sock = Socket(PREAMBLE + encode(*messages))
+    while sock.stream:
+        sock.read()
+    assert sock.messages == messages
+    full = 64 * 1024
+    sizes = [size for size, _ in sock.reads]
+    directs = [i for i, (_, direct) in enumerate(sock.reads) if direct]
+    assert sizes[0] == PREAMBLE_BUFFER_SIZE  # (it holds the first header too)
+    assert len(directs) == 3  # one read for the rest of each large frame
+    # the second large message right after the first: little of it copied
+    assert sizes[directs[1] - 1] == MIN_READ_BUFFER_SIZE
+    assert sizes[directs[1]] > 100_000 - MIN_READ_BUFFER_SIZE
+    after = directs[1] + 1  # the small messages: one short read, then full ones
+    assert sizes[after] == MIN_READ_BUFFER_SIZE
+    assert all(size > full - 100 for size in sizes[after + 1 : directs[2]])
+
+
+def test_the_rest_of_a_frame_below_the_direct_size_is_read_ahead_in_full() -> None:
+    """A direct read that came up short leaving less than a quarter of the
+    read-ahead buffer of the frame: the rest goes through the read-ahead buffer,
+    handed out whole (not the short read that follows a frame: a frame is still
+    open), and so do the messages after it."""
+    payload = bytes(range(256)) * 400
+    messages = [[payload], [b"after"], [b"x" * 5000]]
+    sock = Socket(PREAMBLE + encode(*messages), read_buffer_size=16 * 1024)
+    sock.read()  # the preamble
+    sock.read(100)  # the header and 88 bytes of the frame
+    sock.read(len(payload) - 2000)  # into the frame, 1,912 bytes short
+    assert sock.reads[-1][1]
+    sock.read()
+    assert sock.reads[-1] == (16 * 1024, False)
+    assert sock.messages == messages
+    assert not sock.stream
+
+
+def test_a_short_read_after_a_frame_is_not_owed_if_abandoned() -> None:
+    """The short read is once: if that buffer is handed out and no read follows
+    (buffer_updated not called), the next buffer is the whole read-ahead buffer."""
+    payload = b"p" * 100_000
+    sock = Socket(PREAMBLE + encode([payload], [b"next"]))
+    sock.read()  # the preamble, the header and the frame's first bytes
+    sock.read()  # the rest of the frame, directly
+    assert sock.reads[-1][1] and sock.messages == [[payload]]
+    assert sock.decoder.get_buffer().nbytes == MIN_READ_BUFFER_SIZE  # abandoned
+    sock.read()
+    assert sock.reads[-1] == (64 * 1024, False)
+    assert sock.messages == [[payload], [b"next"]]
 
 
 def test_large_frame_buffer_is_allocated_at_the_next_get_buffer() -> None:
