@@ -90,8 +90,8 @@ async def test_frames_layer(kind: str) -> None:
 async def test_large_and_small_messages_back_to_back(kind: str) -> None:
     """Messages read straight into their frames' buffers, each followed in the same
     writes by the next (large ones, a run of small ones, large ones of several
-    frames, a frame whose header ends a read): all arrive whole and in order, both
-    ways, through both layers."""
+    frames, a large frame behind 4 KB of another): all arrive whole and in order,
+    both ways, through both layers."""
     large = [bytes([i]) * (100_000 + i) for i in range(4)]
     batch = [
         {"data": large[0]},

@@ -525,9 +525,10 @@ class FrameDecoder:
         read was abandoned: nothing is lost). Before the peer's preamble has been
         parsed the buffer is small (:data:`PREAMBLE_BUFFER_SIZE` bytes in all);
         the next call after the preamble was parsed hands out the larger one.
-        After a read straight into a frame's buffer, the read-ahead buffer handed
-        out next at the start of a message is :data:`MIN_READ_BUFFER_SIZE` bytes
-        long (once): the header of a large message, and little of its frame to copy.
+        When the last read went straight into a frame's buffer, the read-ahead
+        buffer handed out at the start of the next message is
+        :data:`MIN_READ_BUFFER_SIZE` bytes long: the header of a large message, and
+        little of its frame to copy.
         """
         if self._state is _ENDED:
             self._start = self._end = 0  # after the end nothing is parsed: discard
@@ -554,12 +555,11 @@ class FrameDecoder:
             end = self._end = end - start
         if end:
             return self._view[end:]
-        if self._cap_next_read and target is None:
-            # The read after one straight into a frame's buffer: the next message
-            # is likely large too, and what a full read-ahead buffer took of its
-            # frame would be copied into that frame's buffer. Its header and a
-            # little more, then (one read of this size, whatever the message).
-            self._cap_next_read = False
+        if self._cap_next_read and self._state is _COUNT:
+            # The read after one straight into a frame's buffer, at the start of a
+            # message: the next message is likely large too, and what a full
+            # read-ahead buffer took of its frame would be copied into that
+            # frame's buffer. Its header and a little more, then.
             return self._view[:MIN_READ_BUFFER_SIZE]
         return self._view
 
@@ -572,6 +572,7 @@ class FrameDecoder:
             self._filled += nbytes
         else:
             self._end += nbytes
+            self._cap_next_read = False
 
     def feed(self, data: bytes | bytearray | memoryview) -> None:
         """Copy ``data`` in through :meth:`get_buffer` / :meth:`buffer_updated`.

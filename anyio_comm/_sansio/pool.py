@@ -388,7 +388,13 @@ class BufferPool:
         Raises:
             MemoryError: as :meth:`aligned` raises it.
         """
-        return allocate(partial(self.aligned, phase=offset % ALIGNMENT), nbytes)
+        phase = offset % ALIGNMENT
+        if nbytes >= self.min_size:
+            view = self._slab(nbytes, phase)
+            if view is not None:
+                return view  # (flat, writable and exact: no checks to make)
+            return allocate(self._fallback, nbytes)
+        return allocate(partial(self.aligned, phase=phase), nbytes)
 
     def aligned(self, nbytes: int, phase: int) -> Buffer:
         """As calling the pool, but a pooled buffer starts ``phase`` bytes past a
@@ -408,6 +414,13 @@ class BufferPool:
             if nbytes < SMALL_MIN or not self._max_small_bytes:
                 return self._fallback(nbytes)
             return self._small(nbytes)
+        view = self._slab(nbytes, phase)
+        return self._fallback(nbytes) if view is None else view
+
+    def _slab(self, nbytes: int, phase: int) -> memoryview | None:
+        """A frame of ``nbytes`` bytes (at least ``min_size``) at ``phase`` in a slab
+        (see :meth:`aligned`), as a flat ``memoryview``; ``None`` if no memory can
+        be mapped (the caller turns to ``fallback``)."""
         now = self._clock()
         if self._returned:
             self._take_returned(now)
@@ -428,7 +441,7 @@ class BufferPool:
                 # Out of mappings (vm.max_map_count: slabs in use, with holes
                 # between them, each take one) or of address space: the C
                 # allocator may still have room.
-                return self._fallback(nbytes)
+                return None
             if size >= _HUGE_PAGE and _MADV_HUGEPAGE is not None:
                 with contextlib.suppress(OSError):  # (THP off, or unsupported here)
                     slab.madvise(_MADV_HUGEPAGE)

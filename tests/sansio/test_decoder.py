@@ -171,33 +171,53 @@ def test_after_a_read_into_a_frame_the_next_takes_a_header_and_little_more() -> 
 def test_the_rest_of_a_frame_below_the_direct_size_is_read_ahead_in_full() -> None:
     """A direct read that came up short leaving less than a quarter of the
     read-ahead buffer of the frame: the rest goes through the read-ahead buffer,
-    handed out whole (not the short read that follows a frame: a frame is still
-    open), and so do the messages after it."""
+    handed out whole (a frame is still open), and that read is the last straight
+    into a frame: the reads at the start of the messages after it are whole too."""
     payload = bytes(range(256)) * 400
-    messages = [[payload], [b"after"], [b"x" * 5000]]
+    small = [[b"m%d" % i * 20] for i in range(400)]  # about 40 KB
+    messages = [[payload], *small]
     sock = Socket(PREAMBLE + encode(*messages), read_buffer_size=16 * 1024)
     sock.read()  # the preamble
     sock.read(100)  # the header and 88 bytes of the frame
     sock.read(len(payload) - 2000)  # into the frame, 1,912 bytes short
     assert sock.reads[-1][1]
-    sock.read()
+    sock.read(5000)  # the rest of the frame, and some small messages
     assert sock.reads[-1] == (16 * 1024, False)
+    assert sock.messages[0] == [payload]
+    while sock.stream:
+        sock.read()
     assert sock.messages == messages
-    assert not sock.stream
+    assert all(size > 16 * 1024 - 100 for size, _ in sock.reads[4:-1])
 
 
-def test_a_short_read_after_a_frame_is_not_owed_if_abandoned() -> None:
-    """The short read is once: if that buffer is handed out and no read follows
-    (buffer_updated not called), the next buffer is the whole read-ahead buffer."""
+def test_a_many_frame_message_after_a_frame_read_directly_is_read_in_full() -> None:
+    """Only a read at the start of a message is short: the rest of a message of many
+    short frames after its large first frame is read ahead in full reads."""
+    message = [b"L" * 100_000] + [b"s"] * 40 + [b"t" * 3000] * 40
+    sock = Socket(PREAMBLE + encode(message, [b"after"]))
+    while sock.stream:
+        sock.read()
+    assert sock.messages == [message, [b"after"]]
+    direct = [i for i, (_, into_frame) in enumerate(sock.reads) if into_frame]
+    assert len(direct) == 1
+    assert all(size > 60_000 for size, _ in sock.reads[direct[0] + 1 :])
+
+
+def test_a_short_read_after_a_frame_is_still_due_if_abandoned() -> None:
+    """The read-ahead buffer handed out after a read straight into a frame stays
+    short until a read into it happens (a read that found nothing, and so reported
+    nothing, changes nothing); then it is whole again."""
     payload = b"p" * 100_000
-    sock = Socket(PREAMBLE + encode([payload], [b"next"]))
+    sock = Socket(PREAMBLE + encode([payload], [b"next"], [b"x" * 5000]))
     sock.read()  # the preamble, the header and the frame's first bytes
     sock.read()  # the rest of the frame, directly
     assert sock.reads[-1][1] and sock.messages == [[payload]]
     assert sock.decoder.get_buffer().nbytes == MIN_READ_BUFFER_SIZE  # abandoned
+    sock.read(20)
+    assert sock.reads[-1] == (MIN_READ_BUFFER_SIZE, False)
     sock.read()
-    assert sock.reads[-1] == (64 * 1024, False)
-    assert sock.messages == [[payload], [b"next"]]
+    assert sock.reads[-1][0] > 64 * 1024 - 20
+    assert sock.messages == [[payload], [b"next"], [b"x" * 5000]]
 
 
 def test_large_frame_buffer_is_allocated_at_the_next_get_buffer() -> None:

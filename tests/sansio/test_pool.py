@@ -345,6 +345,42 @@ def test_frames_go_to_the_fallback_when_no_memory_can_be_mapped(
     assert pool.statistics().created == 1
 
 
+@pytest.mark.parametrize("nbytes", [4096, 65536, 100_000, 3 * MiB + 17])
+@pytest.mark.parametrize("offset", [0, 12, 12 + 64 * 3 + 5])
+def test_a_frame_buffer_is_the_aligned_buffer_as_a_flat_view(nbytes: int, offset: int) -> None:
+    """frame_buffer(n, offset): a flat, writable memoryview of n bytes, placed as
+    aligned(n, offset % ALIGNMENT) places it, from a kept slab the second time."""
+    pool = BufferPool()
+    expected = memoryview(pool.aligned(nbytes, offset % ALIGNMENT))
+    expected_address = address(expected)
+    del expected
+    for _ in range(2):
+        view = pool.frame_buffer(nbytes, offset)
+        assert type(view) is memoryview and view.format == "B" and view.ndim == 1
+        assert view.nbytes == nbytes and not view.readonly
+        assert address(view) == expected_address
+        data = fill(view, offset)
+        assert bytes(view) == data
+        del view
+
+
+def test_a_frame_buffer_from_the_fallback_is_checked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no memory to map, frame_buffer takes the fallback's buffer, checked as
+    any allocator's (a fallback that breaks the contract is a TypeError)."""
+    import anyio_comm._sansio.pool as pool_module
+
+    def no_mapping(nbytes: int) -> mmap.mmap:
+        raise MemoryError(f"cannot map {nbytes} bytes")
+
+    monkeypatch.setattr(pool_module, "map_anonymous", no_mapping)
+    view = BufferPool().frame_buffer(MiB, 40)
+    assert type(view.obj) is bytearray and view.nbytes == MiB
+    with pytest.raises(TypeError, match="exactly 1048576 bytes"):
+        BufferPool(fallback=lambda n: bytearray(n + 1)).frame_buffer(MiB, 40)
+    with pytest.raises(TypeError, match="exactly 10000 bytes"):  # below min_size too
+        BufferPool(fallback=lambda n: bytearray(n + 1)).frame_buffer(10_000, 40)
+
+
 def test_the_decoders_fast_paths_stay_on_with_a_pool() -> None:
     """Frames that fit in the read-ahead buffer are copied out as bytearrays by the
     decoder itself when the pool would give bytearrays for them anyway."""
