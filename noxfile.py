@@ -1,4 +1,5 @@
-"""Sessions: ``nox`` runs tests (Python 3.10-3.13), tests_system_python, tests_asyncio_only,
+"""Sessions: ``nox`` runs tests (Python 3.10-3.13), tests_compiled (3.11, the hot path
+compiled with mypyc), tests_system_python, tests_asyncio_only,
 tests_dask, lint, typecheck, docs, package.
 
 A Python version that is not installed is skipped, unless the environment variable ``CI``
@@ -14,6 +15,7 @@ import re
 import shutil
 import subprocess
 import tarfile
+import tempfile
 from pathlib import Path
 
 import nox
@@ -27,6 +29,7 @@ CI = os.environ.get("CI", "").lower() in ("1", "true")
 
 nox.options.sessions = [
     "tests",
+    "tests_compiled",
     "tests_system_python",
     "tests_asyncio_only",
     "tests_dask",
@@ -53,27 +56,82 @@ def run_pytest(
     *pytest_args: str,
     packages: tuple[str, ...] = (),
     workers: tuple[str, ...] = WORKERS,
+    compiled: bool = False,
 ) -> None:
-    session.install(f".[{extras}]", *packages)
-    session.run(
-        "python",
-        "-X",
-        "dev",
-        "-m",
-        "pytest",
-        "-p",
-        "no:cacheprovider",
-        *workers,
-        *pytest_args,
-        *session.posargs,
-        env={"PYTHONASYNCIODEBUG": "0"},
-    )
+    """Install the package (pure Python, or compiled with mypyc) and run pytest on it."""
+    build = {"ANYIO_COMM_MYPYC": "1" if compiled else "0"}  # see setup.py
+    # setuptools keeps what it built in build/ and packs a stale extension found there
+    shutil.rmtree("build", ignore_errors=True)
+    session.install(f".[{extras}]", *packages, env=build)
+    # the tests import the package from the directory they run in: the compiled form
+    # runs them in a copy of the tree without the package's sources
+    directory = tree_without_sources(session) if compiled else Path.cwd()
+    try:
+        with session.chdir(directory):
+            session.run(
+                "python",
+                "-X",
+                "dev",
+                "-m",
+                "pytest",
+                "-p",
+                "no:cacheprovider",
+                *workers,
+                *pytest_args,
+                *session.posargs,
+                # tests/test_build.py checks that the form installed is the one imported
+                env={
+                    "PYTHONASYNCIODEBUG": "0",
+                    "ANYIO_COMM_EXPECT_COMPILED": build["ANYIO_COMM_MYPYC"],
+                },
+            )
+    finally:
+        if compiled:
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+#: what the tests read besides the package: everything of the sdist's but ``anyio_comm``
+TREE = (
+    "tests",
+    "benchmarks",
+    "examples",
+    "docs",
+    ".ci",
+    "README.md",
+    "LICENSE",
+    "entry-points.txt",
+    "noxfile.py",
+    "pyproject.toml",
+    "setup.py",
+    "MANIFEST.in",
+)
+
+
+def tree_without_sources(session: nox.Session) -> Path:
+    """A copy of the files the tests read, without the package's sources (in the system's
+    temporary directory: nox's own would make the tests' Unix socket paths too long)."""
+    tree = Path(tempfile.mkdtemp(prefix="anyio-comm-tree-"))
+    session.log(f"the tests run in {tree}")
+    skip = shutil.ignore_patterns("__pycache__", "_build")
+    for name in TREE:
+        if Path(name).is_dir():
+            shutil.copytree(name, tree / name, ignore=skip)
+        else:
+            shutil.copy2(name, tree / name)
+    return tree
 
 
 @nox.session(python=PYTHONS)
 def tests(session: nox.Session) -> None:
     """The whole suite on asyncio, asyncio+uvloop and trio."""
     run_pytest(session, "test")
+
+
+@nox.session(python="3.11")
+def tests_compiled(session: nox.Session) -> None:
+    """The whole suite against the build compiled with mypyc (``ANYIO_COMM_MYPYC=1``), as
+    the pure-Python build's on the same Python runs it."""
+    run_pytest(session, "test", compiled=True)
 
 
 @nox.session(python=SYSTEM_PYTHON)
@@ -131,7 +189,15 @@ def tests_dask(session: nox.Session) -> None:
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check."""
     session.install("ruff==0.17.6")  # pinned: formatter output changes between releases
-    paths = ["anyio_comm", "tests", "benchmarks", "examples", "docs/conf.py", "noxfile.py"]
+    paths = [
+        "anyio_comm",
+        "tests",
+        "benchmarks",
+        "examples",
+        "docs/conf.py",
+        "noxfile.py",
+        "setup.py",
+    ]
     session.run("ruff", "check", *paths)
     session.run("ruff", "format", "--check", *paths)
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from . import Comm, __version__, connect, listen
 from ._bench import OneLineParser, add_parsers, bench_main, serve_main, whole_number
 from ._bench._common import BACKENDS, backend_installed, install_hint, run_backend
+from ._build import describe
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -84,7 +85,9 @@ def parser() -> argparse.ArgumentParser:
         description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    top.add_argument("--version", action="version", version=f"anyio-comm {__version__}")
+    top.add_argument(
+        "--version", action="version", version=f"anyio-comm {__version__} ({describe()})"
+    )
     commands = top.add_subparsers(dest="command", metavar="COMMAND", required=True)
     demo_parser = commands.add_parser(
         "demo",

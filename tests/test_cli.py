@@ -15,6 +15,7 @@ import pytest
 
 import anyio_comm
 from anyio_comm.__main__ import main, parser
+from anyio_comm._build import describe
 
 ROOT = Path(__file__).parents[1]
 TIMEOUT = 60  # seconds for any one command
@@ -49,7 +50,8 @@ def test_version_option(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc_info:
         main(["--version"])
     assert exc_info.value.code == 0
-    assert capsys.readouterr().out == f"anyio-comm {anyio_comm.__version__}\n"
+    form = describe()  # pure Python, or which modules are compiled (tests/test_build.py)
+    assert capsys.readouterr().out == f"anyio-comm {anyio_comm.__version__} ({form})\n"
 
 
 @pytest.mark.parametrize("command", [[], ["demo"], ["bench"], ["serve"]])

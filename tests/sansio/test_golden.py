@@ -22,6 +22,7 @@ import msgpack
 import pytest
 
 from anyio_comm import RemoteProtocolError
+from anyio_comm._build import compiled_modules
 from anyio_comm._sansio.close import (
     CLOSE_MARKER,
     MAX_CLOSE_TEXT,
@@ -889,17 +890,19 @@ def test_pickle_reference_example(doc: str):
 
 
 _SENDER_DEPTH_SCRIPT = """
+import sys
 from anyio_comm import SerializationError
 from anyio_comm._sansio.serialization import Serializer
 
+deepest = int(sys.argv[1])
 value = []
-for _ in range(997):
+for _ in range(deepest - 1):
     value = [value]
-Serializer().dumps(value)  # 998 lists
+Serializer().dumps(value)  # nested `deepest` deep
 try:
-    Serializer().dumps([value])  # 999
+    Serializer().dumps([value])  # one more
 except SerializationError:
-    print("998 999")
+    print(deepest, deepest + 1)
 """
 
 
@@ -917,16 +920,23 @@ def test_sender_depth_figure(doc: str):
         "`Serializer.dumps` called from the top level of a script encodes lists nested "
         "998 deep and raises at 999" in text
     )
+    assert (
+        "The build compiled with mypyc (`ANYIO_COMM_MYPYC=1`) encodes lists nested 1024 "
+        "deep there, the limit, and raises at 1025." in text
+    )
+    # the form this session imported: pure Python, or compiled (tests/test_build.py)
+    deepest = "1024" if compiled_modules() else "998"
     package = Path(__import__("anyio_comm").__file__).parents[1]
     result = subprocess.run(
-        [sys.executable, "-c", _SENDER_DEPTH_SCRIPT],
+        [sys.executable, "-c", _SENDER_DEPTH_SCRIPT, deepest],
         capture_output=True,
         text=True,
         check=True,
         env={**os.environ, "PYTHONPATH": str(package)},
+        cwd=package,  # python -c imports from its working directory first
         timeout=60,
     )
-    assert result.stdout.split() == ["998", "999"]
+    assert result.stdout.split() == [deepest, str(int(deepest) + 1)]
 
 
 # -- rejected inputs ---------------------------------------------------------
