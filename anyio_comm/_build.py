@@ -12,6 +12,7 @@ COMPILABLE = (
     "anyio_comm._sansio.decoder",
     "anyio_comm._sansio.serialization",
     "anyio_comm._sansio.connection",
+    "anyio_comm._sansio.wire",
 )
 
 

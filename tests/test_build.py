@@ -43,7 +43,7 @@ def test_version_names_the_form() -> None:
         check=True,
     )
     if EXPECT_COMPILED:
-        form = "compiled with mypyc: decoder, serialization, connection"
+        form = "compiled with mypyc: decoder, serialization, connection, wire"
     else:
         form = "pure Python"
     assert describe() == form

@@ -27,6 +27,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Final
 
+from ._mypyc import python_class
 from .compression import CODEC_NAMES, codec_ids
 from .errors import LocalProtocolError, RemoteProtocolError
 
@@ -82,6 +83,7 @@ _U32_MAX: Final = 2**32 - 1
 _U64_MAX: Final = 2**64 - 1
 
 
+@python_class  # a Python class in the compiled build too (see _mypyc)
 @dataclass(frozen=True, slots=True)
 class Limits:
     """Receive limits, checked on every message header before anything is allocated.
@@ -107,11 +109,13 @@ class Limits:
     max_message_size: int = 2**31
 
     def __post_init__(self) -> None:
-        for name, value, top in (
-            ("max_frames", self.max_frames, _U32_MAX),
-            ("max_frame_size", self.max_frame_size, _U64_MAX),
-            ("max_message_size", self.max_message_size, _U64_MAX),
+        for name, top in (
+            ("max_frames", _U32_MAX),
+            ("max_frame_size", _U64_MAX),
+            ("max_message_size", _U64_MAX),
         ):
+            # read untyped: compiled code would take a bool for an int field as 0 or 1
+            value: object = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool):
                 raise TypeError(f"{name} must be an int, not {type(value).__name__}")
             if not 0 <= value <= top:
@@ -157,6 +161,7 @@ class Capability(enum.IntEnum):
     COMPRESSION = 3
 
 
+@python_class
 @dataclass(frozen=True, slots=True)
 class Handshake:
     """What a peer announced in its preamble.
