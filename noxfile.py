@@ -26,6 +26,9 @@ PYTHONS = ["3.10", "3.11", "3.12", "3.13"]
 POSIX_PATH = os.confstr("CS_PATH") if hasattr(os, "confstr") else ""
 SYSTEM_PYTHON = (POSIX_PATH and shutil.which("python3", path=POSIX_PATH)) or "python3"
 CI = os.environ.get("CI", "").lower() in ("1", "true")
+#: each session installs the form it tests: tests_compiled the compiled one (see setup.py),
+#: every other session pure Python, whatever the caller's environment asks for
+os.environ.pop("ANYIO_COMM_MYPYC", None)
 
 nox.options.sessions = [
     "tests",
@@ -65,8 +68,9 @@ def run_pytest(
     session.install(f".[{extras}]", *packages, env=build)
     # the tests import the package from the directory they run in: the compiled form
     # runs them in a copy of the tree without the package's sources
-    directory = tree_without_sources(session) if compiled else Path.cwd()
+    tree = Path(tempfile.mkdtemp(prefix="anyio-comm-tree-")) if compiled else None
     try:
+        directory = copy_tree_without_sources(session, tree) if tree else Path.cwd()
         with session.chdir(directory):
             session.run(
                 "python",
@@ -86,8 +90,8 @@ def run_pytest(
                 },
             )
     finally:
-        if compiled:
-            shutil.rmtree(directory, ignore_errors=True)
+        if tree:
+            shutil.rmtree(tree, ignore_errors=True)
 
 
 #: what the tests read besides the package: everything of the sdist's but ``anyio_comm``
@@ -107,10 +111,9 @@ TREE = (
 )
 
 
-def tree_without_sources(session: nox.Session) -> Path:
-    """A copy of the files the tests read, without the package's sources (in the system's
-    temporary directory: nox's own would make the tests' Unix socket paths too long)."""
-    tree = Path(tempfile.mkdtemp(prefix="anyio-comm-tree-"))
+def copy_tree_without_sources(session: nox.Session, tree: Path) -> Path:
+    """Copy the files the tests read into ``tree`` (in the system's temporary directory:
+    nox's own would make the tests' Unix socket paths too long), not the package."""
     session.log(f"the tests run in {tree}")
     skip = shutil.ignore_patterns("__pycache__", "_build")
     for name in TREE:

@@ -36,11 +36,11 @@ if _typing.TYPE_CHECKING:
     from ._sansio.close import CloseCode as CloseCode
     from ._sansio.close import CloseReason as CloseReason
     from ._sansio.frames import PackedFrames as PackedFrames
+    from ._sansio.handshake import Capability as Capability
+    from ._sansio.handshake import Handshake as Handshake
+    from ._sansio.handshake import Limits as Limits
     from ._sansio.pool import BufferPool as BufferPool
     from ._sansio.pool import PoolStatistics as PoolStatistics
-    from ._sansio.wire import Capability as Capability
-    from ._sansio.wire import Handshake as Handshake
-    from ._sansio.wire import Limits as Limits
 
 __version__ = "0.1.0"
 
@@ -48,16 +48,16 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "Allocator": "._sansio.buffers",
     "BufferPool": "._sansio.pool",
-    "Capability": "._sansio.wire",
+    "Capability": "._sansio.handshake",
     "CloseCode": "._sansio.close",
     "CloseReason": "._sansio.close",
     "Comm": "._comm",
     "CommAttribute": "._comm",
     "CommError": "._exceptions",
     "Handler": "._listener",
-    "Handshake": "._sansio.wire",
+    "Handshake": "._sansio.handshake",
     "IdleTimeoutError": "._exceptions",
-    "Limits": "._sansio.wire",
+    "Limits": "._sansio.handshake",
     "Listener": "._listener",
     "LocalProtocolError": "._exceptions",
     "MessageTimeoutError": "._exceptions",

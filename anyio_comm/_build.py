@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+from importlib.machinery import EXTENSION_SUFFIXES
 
 __all__ = ["COMPILABLE", "compiled_modules", "describe"]
 
@@ -22,7 +23,7 @@ def compiled_modules() -> tuple[str, ...]:
     return tuple(
         name
         for name in COMPILABLE
-        if not (importlib.import_module(name).__file__ or "").endswith(".py")
+        if (importlib.import_module(name).__file__ or "").endswith(tuple(EXTENSION_SUFFIXES))
     )
 
 

@@ -50,6 +50,18 @@ def test_version_names_the_form() -> None:
     assert result.stdout == f"anyio-comm {anyio_comm.__version__} ({form})\n"
 
 
+@pytest.mark.parametrize(
+    ("value", "compiled"),
+    [("", False), ("0", False), ("false", False), ("1", True), ("true", True), ("TRUE", True)],
+)
+def test_the_values_the_build_takes(
+    monkeypatch: pytest.MonkeyPatch, value: str, compiled: bool
+) -> None:
+    setup = runpy.run_path(str(ROOT / "setup.py"), run_name="setup")
+    monkeypatch.setenv("ANYIO_COMM_MYPYC", value)
+    assert setup["compiling"]() is compiled
+
+
 @pytest.mark.parametrize("value", ["yes", "2", "on "])
 def test_the_build_refuses_an_option_it_does_not_know(value: str) -> None:
     result = subprocess.run(
