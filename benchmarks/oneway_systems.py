@@ -29,12 +29,16 @@ buffer); plain AnyIO streams written the plainest way (an 8-byte length prefix,
 and with ``zmq.asyncio``. Two diagnostic pairs, run only when named, measure
 one end of the per-message API each: ``anyio-comm-rx`` (its receiver, fed by
 the batch sender: what the receiving end can take) and ``anyio-comm-tx`` (its
-sender, read by the batch receiver: what the sending end can give).
+sender, read by the batch receiver: what the sending end can give). A third,
+``floor-task`` (asyncio, uvloop, trio), is the least a per-message ``await
+send(obj)`` / ``await receive()`` API can cost in Python: no library, only what
+every such API must do per message (see its section below).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import struct
@@ -353,6 +357,247 @@ async def _floor_send(case: Any, address: str, deadline: float) -> None:
     await asyncio.gather(*(one(index) for index in range(case.connections)))
 
 
+# -- the task floor: the least a per-message async API can cost -------------------
+#
+# What any library with ``await send(obj)`` and ``await receive()`` must do per
+# message, and nothing more: msgpack each object, frame it with a length, and
+# write the queue in one call every YIELD_EVERY sends (as anyio-comm's writes
+# behind do); cut the messages out of the stream, hand them to the task that
+# awaits ``receive()`` through a future, unpack each one, and let the event loop
+# run every YIELD_EVERY receives that did not wait (anyio-comm's checkpoint rule).
+# No checks, no limits, no cancellation, no frames out of band: a ceiling for
+# any design of the per-message API in Python, not a library to use.
+
+#: floor-task: sends or receives that did not wait between two yields to the loop
+YIELD_EVERY: Final = 8
+
+
+class _TaskFloorProtocol(asyncio.BufferedProtocol):
+    """Cuts length-prefixed messages into a queue; wakes the task that waits."""
+
+    def __init__(self) -> None:
+        self._buffer = bytearray(65536)
+        self._view = memoryview(self._buffer)
+        self._start = self._end = 0
+        self.queue: collections.deque[bytes] = collections.deque()
+        self.waiter: asyncio.Future[None] | None = None
+        self.ended = False
+
+    def get_buffer(self, _sizehint: int) -> memoryview:
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._end > 65536 - 4096:
+            pending = self._end - self._start
+            self._buffer[:pending] = self._view[self._start : self._end]
+            self._start, self._end = 0, pending
+        return self._view[self._end :]
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self._end += nbytes
+        buffer, view, start, end = self._buffer, self._view, self._start, self._end
+        unpack, queue = _LENGTH.unpack_from, self.queue
+        while end - start >= 8:
+            (length,) = unpack(buffer, start)
+            stop = start + 8 + length
+            if stop > end:
+                break
+            queue.append(bytes(view[start + 8 : stop]))
+            start = stop
+        self._start = start
+        self._wake()
+
+    def connection_lost(self, _exc: Exception | None) -> None:
+        self.ended = True
+        self._wake()
+
+    def _wake(self) -> None:
+        waiter = self.waiter
+        if waiter is not None and (self.queue or self.ended):
+            self.waiter = None
+            waiter.set_result(None)
+
+
+async def _task_floor_receive_asyncio(tally: Tally, ready: Callable[[str], object]) -> None:
+    import msgpack
+
+    loop = asyncio.get_running_loop()
+    unpackb = msgpack.unpackb
+
+    async def handle(protocol: _TaskFloorProtocol) -> None:
+        queue, ran = protocol.queue, 0
+
+        async def receive() -> Any:
+            nonlocal ran
+            if queue:
+                ran += 1
+                if ran >= YIELD_EVERY:
+                    ran = 0
+                    await asyncio.sleep(0)
+            else:
+                while not queue:
+                    if protocol.ended:
+                        raise EOFError
+                    protocol.waiter = loop.create_future()
+                    await protocol.waiter
+                ran = 0
+            return unpackb(queue.popleft())
+
+        await _count(receive, tally)
+
+    tasks: set[asyncio.Task[None]] = set()
+
+    def accepted() -> _TaskFloorProtocol:
+        protocol = _TaskFloorProtocol()
+        task = loop.create_task(handle(protocol))
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
+        return protocol
+
+    server = await loop.create_server(accepted, "127.0.0.1", 0)
+    ready(f"tcp://127.0.0.1:{server.sockets[0].getsockname()[1]}")
+    async with server:
+        await server.serve_forever()
+
+
+async def _task_floor_receive_trio(tally: Tally, ready: Callable[[str], object]) -> None:
+    import msgpack
+    import trio
+
+    unpackb = msgpack.unpackb
+
+    async def handle(sock: trio.socket.SocketType) -> None:
+        buffer = bytearray(65536)
+        view = memoryview(buffer)
+        queue: collections.deque[bytes] = collections.deque()
+        unpack = _LENGTH.unpack_from
+        start = end = ran = 0
+
+        async def receive() -> Any:  # (trio's socket calls are checkpoints)
+            nonlocal start, end, ran
+            if queue:
+                ran += 1
+                if ran >= YIELD_EVERY:
+                    ran = 0
+                    await trio.lowlevel.checkpoint()
+                return unpackb(queue.popleft())
+            while not queue:
+                if start == end:
+                    start = end = 0
+                elif end > 65536 - 4096:
+                    buffer[: end - start] = view[start:end]
+                    start, end = 0, end - start
+                n = await sock.recv_into(view[end:])
+                if not n:
+                    raise EOFError
+                end += n
+                while end - start >= 8:
+                    (length,) = unpack(buffer, start)
+                    stop = start + 8 + length
+                    if stop > end:
+                        break
+                    queue.append(bytes(view[start + 8 : stop]))
+                    start = stop
+            ran = 0
+            return unpackb(queue.popleft())
+
+        with sock:
+            await _count(receive, tally)
+
+    with trio.socket.socket() as listener:
+        await listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        ready(f"tcp://127.0.0.1:{listener.getsockname()[1]}")
+        async with trio.open_nursery() as nursery:
+            while True:
+                sock, _ = await listener.accept()
+                nursery.start_soon(handle, sock)
+
+
+async def _count(receive: Callable[[], Any], tally: Tally) -> None:
+    """Check and count what ``receive()`` gives until the sender leaves."""
+    expected = -1
+    unpack = _TAG.unpack_from
+    with contextlib.suppress(EOFError, OSError):
+        while True:
+            (tag,) = unpack(await receive())
+            if expected < 0:
+                expected = tag
+            elif tag != expected:
+                tally.wrong(expected, tag)
+            expected += 1
+            tally.n += 1
+
+
+async def _task_floor_receive(case: Any, tally: Tally, ready: Callable[[str], object]) -> None:
+    if case.backend == "trio":
+        await _task_floor_receive_trio(tally, ready)
+    else:
+        await _task_floor_receive_asyncio(tally, ready)
+
+
+async def _task_floor_send(case: Any, address: str, deadline: float) -> None:
+    import anyio
+    import msgpack
+
+    host, _, port = address.removeprefix("tcp://").rpartition(":")
+    trio_backend = case.backend == "trio"
+    packb, pack = msgpack.packb, _LENGTH.pack
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL)  # (as the floor's sender)
+
+    async def one(index: int) -> None:
+        payload = payloads(index, case.size)
+        pending: list[bytes] = []
+        if trio_backend:
+            import trio
+
+            sock = trio.socket.socket()
+            await sock.connect((host, int(port)))
+
+            async def flush() -> None:
+                data = memoryview(b"".join(pending))
+                pending.clear()
+                while data:  # (a checkpoint each)
+                    data = data[await sock.send(data) :]
+
+            close = sock.close
+        else:
+            loop = asyncio.get_running_loop()
+            transport, protocol = await loop.create_connection(_FloorSender, host, int(port))
+
+            async def flush() -> None:
+                transport.writelines(pending)
+                pending.clear()
+                if protocol.resumed is not None:
+                    await protocol.resumed
+                else:
+                    await asyncio.sleep(0)
+                if protocol.lost:
+                    raise EOFError
+
+            close = transport.abort
+
+        async def send(obj: Any) -> None:
+            data = packb(obj)
+            pending.append(pack(len(data)) + data)
+            if len(pending) >= YIELD_EVERY:
+                await flush()
+
+        try:
+            with contextlib.suppress(EOFError, *_GONE):
+                seq = 0
+                while seq < MAX_MESSAGES:
+                    await send(payload(seq))
+                    seq += 1
+                    if not seq & 1023 and time.monotonic() > deadline:
+                        return
+        finally:
+            close()
+
+    async with anyio.create_task_group() as tg:
+        for index in range(case.connections):
+            tg.start_soon(one, index)
+
+
 # -- pyzmq -----------------------------------------------------------------------
 
 
@@ -476,6 +721,7 @@ SYSTEMS: dict[str, System] = {
         System("anyio-comm-rx", _ASYNC, _comm_receive, _comm_send, diagnostic=True),
         System("anyio-comm-tx", _ASYNC, _comm_receive, _comm_send, diagnostic=True),
         System("floor", ("asyncio", "uvloop"), _floor_receive, _floor_send),
+        System("floor-task", _ASYNC, _task_floor_receive, _task_floor_send, diagnostic=True),
         System("anyio-streams", _ASYNC, _streams_receive, _streams_send),
         System(
             "zmq-blocking",

@@ -3,6 +3,7 @@ with its messages checked, and the checks themselves (never how fast anything is
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
 import json
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.oneway_systems import SYSTEMS, Tally, payloads
+from benchmarks.oneway_systems import SYSTEMS, Tally, _count, payloads
 
 ROOT = Path(__file__).parents[1]
 TIMEOUT = 240  # seconds for the whole command
@@ -29,7 +30,7 @@ def test_a_short_run_counts_every_system(tmp_path: Path) -> None:
     command += ["--seconds", "0.2", "--warmup", "0", "--repeat", "1", "--json", str(out)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "anyio-comm against the references" in done.stdout
+    assert "anyio-comm (and the task floor) against the references" in done.stdout
     results = json.loads(out.read_text())["results"]
     backends = {"asyncio", "threads"} | ({"trio"} if importlib.util.find_spec("trio") else set())
     expected = {
@@ -60,6 +61,23 @@ def test_a_lost_or_reordered_message_is_an_error() -> None:
     assert tally.error == "connection 3: expected message 7, got 9"
 
 
+def test_the_task_floor_checks_what_it_receives() -> None:
+    """The task floor's receivers count through the same check as the others."""
+    first = payloads(2, 100)
+    messages = iter([first(0), first(1), first(3)])
+
+    async def receive() -> bytes:
+        try:
+            return next(messages)
+        except StopIteration:
+            raise EOFError from None
+
+    tally = Tally()
+    asyncio.run(_count(receive, tally))
+    assert tally.n == 3
+    assert tally.error == "connection 2: expected message 2, got 3"
+
+
 def test_bad_options_are_refused() -> None:
     command = [sys.executable, "-m", "benchmarks.oneway", "--sizes", "4"]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -72,6 +90,6 @@ def test_the_diagnostic_systems_run_only_when_named() -> None:
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0
     text = "".join(done.stdout.split())  # (argparse wraps the help at hyphens)
-    assert "diagnostic:anyio-comm-rx,anyio-comm-tx" in text
+    assert "diagnostic:anyio-comm-rx,anyio-comm-tx,floor-task" in text
     default = text.split("default:allbutthediagnosticones(")[1].split(")")[0]
     assert "anyio-comm-rx" not in default and "anyio-comm-batch" in default
