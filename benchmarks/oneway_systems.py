@@ -252,16 +252,15 @@ async def _streams_send(case: Any, address: str, deadline: float) -> None:
 # -- the raw asyncio floor -------------------------------------------------------
 
 
-class _FloorReceiver(asyncio.BufferedProtocol):
-    """Cuts length-prefixed messages out of its 64 KiB buffer, in the loop's callback."""
+class _BufferedReceiver(asyncio.BufferedProtocol):
+    """A 64 KiB buffer that the event loop reads into; what is not cut out yet
+    (``_start`` to ``_end``) moves to its start when less than 4 KiB is left."""
 
-    def __init__(self, tally: Tally) -> None:
-        self._tally = tally
+    def __init__(self) -> None:
         self._buffer = bytearray(65536)
         self._view = memoryview(self._buffer)
         self._start = 0
         self._end = 0
-        self._expected = -1
 
     def get_buffer(self, _sizehint: int) -> memoryview:
         if self._start == self._end:
@@ -271,6 +270,15 @@ class _FloorReceiver(asyncio.BufferedProtocol):
             self._buffer[:pending] = self._view[self._start : self._end]
             self._start, self._end = 0, pending
         return self._view[self._end :]
+
+
+class _FloorReceiver(_BufferedReceiver):
+    """Cuts length-prefixed messages out of its 64 KiB buffer, in the loop's callback."""
+
+    def __init__(self, tally: Tally) -> None:
+        super().__init__()
+        self._tally = tally
+        self._expected = -1
 
     def buffer_updated(self, nbytes: int) -> None:
         self._end += nbytes
@@ -372,38 +380,32 @@ async def _floor_send(case: Any, address: str, deadline: float) -> None:
 YIELD_EVERY: Final = 8
 
 
-class _TaskFloorProtocol(asyncio.BufferedProtocol):
+def _cut(buffer: bytearray, start: int, end: int, queue: collections.deque[bytes]) -> int:
+    """Queue the whole length-prefixed messages of ``buffer[start:end]``; return
+    where the first one not whole begins."""
+    unpack, view = _LENGTH.unpack_from, memoryview(buffer)
+    while end - start >= 8:
+        (length,) = unpack(buffer, start)
+        stop = start + 8 + length
+        if stop > end:
+            break
+        queue.append(bytes(view[start + 8 : stop]))
+        start = stop
+    return start
+
+
+class _TaskFloorProtocol(_BufferedReceiver):
     """Cuts length-prefixed messages into a queue; wakes the task that waits."""
 
     def __init__(self) -> None:
-        self._buffer = bytearray(65536)
-        self._view = memoryview(self._buffer)
-        self._start = self._end = 0
+        super().__init__()
         self.queue: collections.deque[bytes] = collections.deque()
         self.waiter: asyncio.Future[None] | None = None
         self.ended = False
 
-    def get_buffer(self, _sizehint: int) -> memoryview:
-        if self._start == self._end:
-            self._start = self._end = 0
-        elif self._end > 65536 - 4096:
-            pending = self._end - self._start
-            self._buffer[:pending] = self._view[self._start : self._end]
-            self._start, self._end = 0, pending
-        return self._view[self._end :]
-
     def buffer_updated(self, nbytes: int) -> None:
         self._end += nbytes
-        buffer, view, start, end = self._buffer, self._view, self._start, self._end
-        unpack, queue = _LENGTH.unpack_from, self.queue
-        while end - start >= 8:
-            (length,) = unpack(buffer, start)
-            stop = start + 8 + length
-            if stop > end:
-                break
-            queue.append(bytes(view[start + 8 : stop]))
-            start = stop
-        self._start = start
+        self._start = _cut(self._buffer, self._start, self._end, self.queue)
         self._wake()
 
     def connection_lost(self, _exc: Exception | None) -> None:
@@ -469,7 +471,6 @@ async def _task_floor_receive_trio(tally: Tally, ready: Callable[[str], object])
         buffer = bytearray(65536)
         view = memoryview(buffer)
         queue: collections.deque[bytes] = collections.deque()
-        unpack = _LENGTH.unpack_from
         start = end = ran = 0
 
         async def receive() -> Any:  # (trio's socket calls are checkpoints)
@@ -490,13 +491,7 @@ async def _task_floor_receive_trio(tally: Tally, ready: Callable[[str], object])
                 if not n:
                     raise EOFError
                 end += n
-                while end - start >= 8:
-                    (length,) = unpack(buffer, start)
-                    stop = start + 8 + length
-                    if stop > end:
-                        break
-                    queue.append(bytes(view[start + 8 : stop]))
-                    start = stop
+                start = _cut(buffer, start, end, queue)
             ran = 0
             return unpackb(queue.popleft())
 
