@@ -252,9 +252,20 @@ async def _streams_send(case: Any, address: str, deadline: float) -> None:
 # -- the raw asyncio floor -------------------------------------------------------
 
 
+def _compact(buffer: bytearray, start: int, end: int) -> tuple[int, int]:
+    """Make room in a 64 KiB read buffer before a read: what is not cut out yet
+    (``start`` to ``end``) moves to its start when it is empty or less than 4 KiB
+    is left behind it. Returns the new ``start, end``."""
+    if start == end:
+        return 0, 0
+    if end > 65536 - 4096:
+        buffer[: end - start] = buffer[start:end]
+        return 0, end - start
+    return start, end
+
+
 class _BufferedReceiver(asyncio.BufferedProtocol):
-    """A 64 KiB buffer that the event loop reads into; what is not cut out yet
-    (``_start`` to ``_end``) moves to its start when less than 4 KiB is left."""
+    """A 64 KiB buffer that the event loop reads into (see :func:`_compact`)."""
 
     def __init__(self) -> None:
         self._buffer = bytearray(65536)
@@ -263,12 +274,7 @@ class _BufferedReceiver(asyncio.BufferedProtocol):
         self._end = 0
 
     def get_buffer(self, _sizehint: int) -> memoryview:
-        if self._start == self._end:
-            self._start = self._end = 0
-        elif self._end > 65536 - 4096:
-            pending = self._end - self._start
-            self._buffer[:pending] = self._view[self._start : self._end]
-            self._start, self._end = 0, pending
+        self._start, self._end = _compact(self._buffer, self._start, self._end)
         return self._view[self._end :]
 
 
@@ -482,11 +488,7 @@ async def _task_floor_receive_trio(tally: Tally, ready: Callable[[str], object])
                     await trio.lowlevel.checkpoint()
                 return unpackb(queue.popleft())
             while not queue:
-                if start == end:
-                    start = end = 0
-                elif end > 65536 - 4096:
-                    buffer[: end - start] = view[start:end]
-                    start, end = 0, end - start
+                start, end = _compact(buffer, start, end)
                 n = await sock.recv_into(view[end:])
                 if not n:
                     raise EOFError

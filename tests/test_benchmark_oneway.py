@@ -4,6 +4,7 @@ with its messages checked, and the checks themselves (never how fast anything is
 from __future__ import annotations
 
 import asyncio
+import collections
 import importlib.util
 import json
 import subprocess
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.oneway_systems import SYSTEMS, Tally, _count, payloads
+from benchmarks.oneway_systems import SYSTEMS, Tally, _compact, _count, _cut, payloads
 
 ROOT = Path(__file__).parents[1]
 TIMEOUT = 240  # seconds for the whole command
@@ -76,6 +77,22 @@ def test_the_task_floor_checks_what_it_receives() -> None:
     asyncio.run(_count(receive, tally))
     assert tally.n == 3
     assert tally.error == "connection 2: expected message 2, got 3"
+
+
+def test_the_floors_cut_messages_and_make_room_in_their_buffer() -> None:
+    """The read buffer of the floors' receivers: whole messages are cut out, a part
+    stays, and the part moves to the start when the buffer's end is near."""
+    buffer = bytearray(65536)
+    message = (8).to_bytes(8, "little") + b"12345678"
+    queue: collections.deque[bytes] = collections.deque()
+    at = 62_000  # (less than 4 KiB left behind what the buffer holds)
+    buffer[at : at + 16 * 3] = message * 3
+    start = _cut(buffer, at, at + 16 * 2 + 5, queue)  # two whole, then a part of one
+    assert list(queue) == [b"12345678"] * 2 and start == at + 32
+    assert _compact(buffer, start, at + 37) == (0, 5)  # near the end: moved
+    assert bytes(buffer[:5]) == message[:5]
+    assert _compact(buffer, 100, 105) == (100, 105)  # room enough: left
+    assert _compact(buffer, 7, 7) == (0, 0)  # empty: back to the start
 
 
 def test_bad_options_are_refused() -> None:
