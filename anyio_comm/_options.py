@@ -67,7 +67,8 @@ class Options:
             than 64 bytes of a message of more than 32 frames are not
             allocated one by one: they share a ``bytearray``.
         oob_threshold: bytes-like values of at least this size travel as
-            out-of-band frames.
+            out-of-band frames (16384 by default); smaller ones are copied
+            into the msgpack body.
         allow_pickle: pickle what msgpack cannot encode and accept pickled data
             from the peer. Trusted peers only. Announced to the peer (the
             ``PICKLE`` capability): towards a peer that did not announce it in

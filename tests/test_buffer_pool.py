@@ -10,6 +10,7 @@ import anyio
 import pytest
 
 from anyio_comm import BufferPool, current_buffer_pool
+from anyio_comm._sansio.pool import SMALL_MIN
 
 from .helpers import TRANSPORTS, connected_pair
 
@@ -68,7 +69,8 @@ async def test_small_frames_nothing_holds_are_reused_and_held_ones_never_change(
     bytes."""
     pool = BufferPool()
     held: list[tuple[memoryview, bytes]] = []
-    async with connected_pair(kind, allocator=pool) as (client, server):
+    # (every value out-of-band: the default threshold keeps values under 16 KiB in the body)
+    async with connected_pair(kind, allocator=pool, oob_threshold=SMALL_MIN) as (client, server):
 
         async def send() -> None:
             for seed in range(200):

@@ -57,6 +57,28 @@ async def test_large_payload_is_zero_copy_memoryview(kind: str) -> None:
         assert reply["tiny"] == b"t"
 
 
+async def test_values_travel_out_of_band_from_16_kib_by_default(kind: str) -> None:
+    """The messages guide: a bytes-like value of at least ``oob_threshold`` bytes
+    (16384 by default) arrives as a ``memoryview`` over a buffer of its own, a smaller
+    one as ``bytes``; a comm given another threshold sends by that one."""
+    async with connected_pair(kind) as (client, server):
+        for nbytes in (4096, 16383, 16384, 40_000):
+            data = bytes(range(256)) * (nbytes // 256) + b"x" * (nbytes % 256)
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.send, {"data": bytearray(data), "n": nbytes})
+                reply = await server.receive()
+            value = reply["data"]
+            assert type(value) is (memoryview if nbytes >= 16384 else bytes), nbytes
+            assert value == data
+            assert reply["n"] == nbytes
+    async with connected_pair(kind, oob_threshold=4096) as (client, server):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(client.send, {"data": b"y" * 4096})
+            reply = await server.receive()
+        assert type(reply["data"]) is memoryview
+        assert reply["data"] == b"y" * 4096
+
+
 async def test_several_messages_in_one_write(kind: str) -> None:
     """Comm._send_messages (the RPC writer's batch): the messages arrive in order, one
     over the peer's limits left out and reported, nothing of it sent."""

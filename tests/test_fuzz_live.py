@@ -185,7 +185,9 @@ def make_payload(rng: random.Random) -> tuple[str, bytes]:
         return kind, rng.randbytes(rng.choice([0, 1, 7, 12, 32, 100, 3000]))
     if kind == "preamble+random":
         return kind, PREAMBLE + rng.randbytes(rng.choice([1, 4, 12, 100, 3000]))
-    serializer = Serializer()
+    # (values of 4 KiB and more out-of-band, as a sender may choose: the listener
+    # decodes both forms, and answers with its own default)
+    serializer = Serializer(oob_threshold=4096)
     messages = [
         [bytes(f) for f in serializer.dumps(random_value(rng))] for _ in range(rng.randint(1, 4))
     ]
@@ -218,7 +220,7 @@ class Prediction:
 
 def predict(payload: bytes, *, eof: bool) -> Prediction:
     """Run the listener's decoder, serializer and echo handler on ``payload``."""
-    decoder = FrameDecoder(LISTENER_LIMITS)
+    decoder = FrameDecoder(LISTENER_LIMITS, capabilities=frozenset({Capability.CLOSE_REASONS}))
     serializer = Serializer()
     handshake: Handshake | None = None
     echoes: list[Any] = []

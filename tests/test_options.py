@@ -20,7 +20,7 @@ def test_defaults() -> None:
     options = Options()
     assert options.limits == Limits()
     assert options.read_buffer_size == 65536
-    assert options.oob_threshold == 4096
+    assert options.oob_threshold == 16384
     assert options.handshake_timeout == 10.0
     assert options.idle_timeout is None and options.keepalive is None
     assert options.allocator is None and options.allow_pickle is False
