@@ -6,7 +6,7 @@ import gc
 import itertools
 import socket
 import warnings
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 import pytest
@@ -32,7 +32,7 @@ from .helpers import connected_pair, shrink_socket_buffers
 TASK_MODES = (PushMode.TASK_READS, PushMode.TASK_YIELD_DUE, PushMode.TASK_YIELDING)
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable
+    from collections.abc import Awaitable, Callable
 
 
 async def test_large_frames_are_received_into_their_own_buffer() -> None:
@@ -390,31 +390,45 @@ async def test_a_send_that_comes_up_short_waits_for_writability(
     """Without the event loop's writable callback (trio; asyncio without add_writer),
     a send that took less than it was offered left the socket full: the task waits
     for writability before it sends again, rather than sending at once the little
-    the peer read meanwhile."""
-    from anyio_comm._transports import rawsocket
-
+    the peer read meanwhile (the first send of a message too, which tries the whole
+    gather write in one call)."""
     async with connected_pair("tcp") as (client, server):
         shrink_socket_buffers(client, server)
         transport = client._transport  # type: ignore[attr-defined]
         transport._writer = None  # (asyncio: as on a loop without add_writer)
         events: list[str] = []
-        original_send_once = rawsocket._send_once
         original_wait = transport._wait
 
-        def recording_send_once(sock: socket.socket, pending: list[object], first: int) -> object:
-            try:
-                result = original_send_once(sock, pending, first)  # type: ignore[arg-type]
-            except BlockingIOError:
-                events.append("eagain")
-                raise
-            events.append("short" if result[2] else "whole")
-            return result
+        class RecordingSocket:
+            """The transport's socket, recording what each send took."""
+
+            def __init__(self, sock: socket.socket) -> None:
+                self._sock = sock
+
+            def _record(self, send: Callable[[Any], int], data: Any, size: int) -> int:
+                try:
+                    sent = send(data)
+                except BlockingIOError:
+                    events.append("eagain")
+                    raise
+                events.append("short" if sent < size else "whole")
+                return sent
+
+            def send(self, data: Any) -> int:
+                return self._record(self._sock.send, data, memoryview(data).nbytes)
+
+            def sendmsg(self, buffers: list[Any]) -> int:
+                size = sum(memoryview(b).nbytes for b in buffers)
+                return self._record(self._sock.sendmsg, buffers, size)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self._sock, name)
 
         async def recording_wait(readable: bool) -> None:
             events.append("wait" if not readable else "wait readable")
             await original_wait(readable)
 
-        monkeypatch.setattr(rawsocket, "_send_once", recording_send_once)
+        monkeypatch.setattr(transport, "_sock", RecordingSocket(transport._sock))
         transport._wait = recording_wait
         payload = bytes(range(256)) * 8_000  # 2 MB: many refills of a 32 KB buffer
         async with anyio.create_task_group() as tg:
@@ -423,6 +437,7 @@ async def test_a_send_that_comes_up_short_waits_for_writability(
                 frame, tail = await server.receive_frames()
         assert frame == payload and tail == b"tail"
         assert events.count("short") > 5, events
+        assert events[0] == "short", events  # (the first gather write, cut short)
         for before, after in itertools.pairwise(events):
             if before in ("short", "eagain"):
                 assert after == "wait", events
