@@ -70,7 +70,11 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 DENSE = 20
-MAX_K = 2000
+#: the most turns tried: a TLS handshake's steps run in worker threads, and while the
+#: task that counts turns keeps the loop busy a step's thread may wait for a CPU for
+#: milliseconds, thousands of turns (measured on trio: a connect of 150-700 turns in
+#: one run took 1,300-12,500 in another, its thread's step up to 48 ms)
+MAX_K = 100_000
 KINDS = ["tcp", "tls1.3"]
 #: socket buffers on the path of the large messages (the kernel doubles it): the
 #: message then needs a few hundred turns of the loop. They are set on the proxy's
