@@ -6,7 +6,7 @@ payload size for ``--seconds`` (after a short warm-up). Every case runs in a
 fresh pair of processes, by default pinned to two different CPUs. Systems:
 
 * ``anyio-comm``: :func:`anyio_comm.listen` / :func:`anyio_comm.connect`,
-  messages ``{"data": payload}`` (payloads of 4096 bytes or more travel
+  messages ``{"data": payload}`` (payloads of 16384 bytes or more travel
   out-of-band);
 * ``anyio-streams``: :func:`anyio.create_tcp_listener` /
   :func:`anyio.connect_tcp` with an 8-byte big-endian length prefix, read back

@@ -556,41 +556,28 @@ class SocketTransport(Transport, SocketStream):
         # it (see _LoopWriter._on_writable_send).
         wait_when_full = self._writer is None
         count = len(buffers)
-        if count == 1 and not self._closed:
-            # Fast path: one buffer (a small message joined with its header)
-            # that the socket takes whole, the usual case.
-            data = buffers[0]
+        if not self._closed and (count == 1 or (count <= IOV_MAX and _HAS_SENDMSG)):
+            # Fast path: the whole message offered to one system call (one buffer,
+            # a small message joined with its header, or a gather write), and what
+            # is left looked at only when it did not take everything.
             try:
-                sent = sock.send(data)
+                sent = sock.send(buffers[0]) if count == 1 else sock.sendmsg(buffers)
             except BlockingIOError:
                 sent = 0
             except OSError as exc:
                 self._send_interrupted = True
                 raise self._translate(exc) from exc
-            size = len(data) if type(data) is bytes else memoryview(data).nbytes
-            if sent == size:
-                return False
-            sent_any = sent > 0
-            if sent_any:
-                buffers = [memoryview(data)[sent:]]
-            full = wait_when_full or not sent_any
-            pending: list[Any] = list(buffers)
-            first = 0
-        elif count <= IOV_MAX and _HAS_SENDMSG and not self._closed:
-            # The same for a gather write (a header and a frame of 2 KiB or more,
-            # say): one sendmsg, and the bookkeeping of what is left only when it
-            # did not take everything.
-            try:
-                sent = sock.sendmsg(buffers)
-            except BlockingIOError:
-                sent = 0
-            except OSError as exc:
-                self._send_interrupted = True
-                raise self._translate(exc) from exc
-            pending = list(buffers)
-            if sent == sum(map(len, pending)):  # (flat byte buffers: len() is the size)
-                return False
-            first = _advance(pending, 0, sent)
+            if count == 1:
+                data = buffers[0]
+                if sent == (len(data) if type(data) is bytes else memoryview(data).nbytes):
+                    return False
+                pending: list[Any] = [memoryview(data)[sent:] if sent else data]
+                first = 0
+            else:
+                pending = list(buffers)
+                if sent == sum(map(len, pending)):  # (flat byte buffers: len() is the size)
+                    return False
+                first = _advance(pending, 0, sent)
             sent_any = sent > 0
             full = wait_when_full or not sent_any
         else:

@@ -1,6 +1,6 @@
 """anyio-comm through its message layer: ``{"data": [frames...]}`` via send/receive.
 
-The msgpack body carries the list; frames of 4096 bytes or more travel
+The msgpack body carries the list; frames of 16384 bytes or more travel
 out-of-band and come back as memoryviews. Runs on asyncio, uvloop and trio;
 TLS through ``tls://`` addresses.
 """
