@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from .. import __version__
 from .._addressing import parse_address
+from .._sansio.serialization import DEFAULT_OOB_THRESHOLD
 from ._arguments import byte_size, format_size, whole_number
 from ._client import ClientSpec, client_process, open_comm
 from ._common import (
@@ -21,7 +22,6 @@ from ._common import (
     MAX_FRAMES,
     MAX_MESSAGE,
     MAX_SIZE,
-    OOB_THRESHOLD,
     RunError,
     UsageError,
     check_backend,
@@ -435,8 +435,11 @@ def describe(config: Config) -> str:
         shape = f'{{"i": n, "data": [{frames}]}}'
         note = (
             "frames travel out-of-band"
-            if args.size >= OOB_THRESHOLD
-            else f"frames inline in the msgpack body: out-of-band only from {OOB_THRESHOLD} bytes"
+            if args.size >= DEFAULT_OOB_THRESHOLD
+            else (
+                "frames inline in the msgpack body: out-of-band only from "
+                f"{DEFAULT_OOB_THRESHOLD} bytes"
+            )
         )
     return (
         f"{args.processes} process{'es' if args.processes > 1 else ''} x "

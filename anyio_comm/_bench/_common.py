@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Any, Final, TypeVar
 import anyio
 
 from .._sansio.errors import set_public_module
-from .._sansio.serialization import DEFAULT_OOB_THRESHOLD
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -21,8 +20,6 @@ T = TypeVar("T")
 HELLO_KEY: Final = "anyio-comm-bench"
 PROTOCOL: Final = 1
 HELLO_TIMEOUT: Final = 10.0
-#: bytes-like values this large travel out-of-band (the default)
-OOB_THRESHOLD: Final = DEFAULT_OOB_THRESHOLD
 MAX_SIZE: Final = 2**30
 MAX_FRAMES: Final = 1000
 MAX_MESSAGE: Final = 2**31 - 2**20

@@ -153,6 +153,11 @@ __all__ = [
 
 DEFAULT_READ_BUFFER_SIZE: Final = 64 * 1024
 MIN_READ_BUFFER_SIZE: Final = 4096
+#: a frame is read straight into its own buffer when at least the read-ahead
+#: buffer's size divided by this is still to come (see get_buffer)
+DIRECT_READ_SHARE: Final = 4
+#: that size with the default read-ahead buffer: 16 KiB
+DEFAULT_DIRECT_THRESHOLD: Final = DEFAULT_READ_BUFFER_SIZE // DIRECT_READ_SHARE
 #: the read-ahead buffer's size until the peer's preamble was parsed: the longest
 #: valid preamble fills it, so a caller that parses between reads (the contract of
 #: get_buffer) is never handed an empty buffer
@@ -424,7 +429,7 @@ class FrameDecoder:
         self._end = 0
         self._direct = False
         self._cap_next_read = False
-        self._direct_threshold = read_buffer_size // 4
+        self._direct_threshold = read_buffer_size // DIRECT_READ_SHARE
         self._eof = False
         self._state = _PREAMBLE
         # what ended the stream (raised again by every later call), once ENDED

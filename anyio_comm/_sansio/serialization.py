@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 import msgpack
 
+from .decoder import DEFAULT_DIRECT_THRESHOLD
 from .errors import RemoteProtocolError, SerializationError, describe
 from .frames import OutOfBand, PackedFrames
 
@@ -54,13 +55,13 @@ __all__ = ["DEFAULT_OOB_THRESHOLD", "EXT_OOB", "EXT_PICKLE", "MAX_DEPTH", "Seria
 EXT_OOB: Final = 1
 EXT_PICKLE: Final = 2
 #: bytes-like values of at least this size travel out-of-band by default: 16 KiB, the
-#: smallest frame a receiver with the default 64 KiB read-ahead buffer reads straight
-#: into its own buffer (a quarter of it). A smaller frame is copied out of the
-#: read-ahead buffer like the body, so out-of-band it saves no copy, and a frame of
-#: its own costs each end more than copying it in the body does (8 KB echoed over
-#: four connections, both ends: 16-32 % less CPU per round trip in the body than
-#: out-of-band; see the performance page).
-DEFAULT_OOB_THRESHOLD: Final = 16384
+#: smallest frame a receiver with the default read-ahead buffer reads straight into
+#: its own buffer. A smaller frame is copied out of the read-ahead buffer like the
+#: body, so out-of-band it saves no copy, and a frame of its own costs each end more
+#: than copying it in the body does (8 KB echoed over four connections, both ends:
+#: 16-32 % less CPU per round trip in the body than out-of-band; see the
+#: performance page).
+DEFAULT_OOB_THRESHOLD: Final = DEFAULT_DIRECT_THRESHOLD
 #: most arrays and maps nested in one another in a body (the outermost counts
 #: as 1); msgpack's unpacker refuses deeper bodies, and so does the sender
 MAX_DEPTH: Final = 1024
