@@ -237,7 +237,7 @@ async def _floor_asyncio(size: int, count: int, warmup: int, concurrency: int = 
 
     class Echo(asyncio.BufferedProtocol):
         def __init__(self, reply: bool) -> None:
-            self.buf = bytearray(65536)
+            self.buf = bytearray(max(65536, 8 + size))
             self.view = memoryview(self.buf)
             self.end = 0
             self.reply = reply
@@ -406,24 +406,29 @@ async def _floor_trio(size: int, count: int, warmup: int) -> float:
                 raise EOFError
             got += n
 
+    async def send_all(sock: Any, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            view = view[await sock.send(view) :]
+
     async def serve(sock: Any) -> None:
-        buf = bytearray(65536)
+        buf = bytearray(max(65536, len(request)))
         with sock:
             for _ in range(warmup + count):
                 await read_message(sock, buf)
-                await sock.send(request)
+                await send_all(sock, request)
 
     async with trio.open_nursery() as nursery:
         client = trio.socket.socket()
         await client.connect(listener.getsockname())
         sock, _ = await listener.accept()
         nursery.start_soon(serve, sock)
-        buf = bytearray(65536)
+        buf = bytearray(max(65536, len(request)))
         t0 = 0.0
         for i in range(warmup + count):
             if i == warmup:
                 t0 = time.process_time()
-            await client.send(request)
+            await send_all(client, request)
             await read_message(client, buf)
         elapsed = time.process_time() - t0
         client.close()
