@@ -106,7 +106,7 @@ from typing import TYPE_CHECKING, Final, NoReturn
 from .budget import BudgetAccount, Reservations, message_cost
 from .buffers import Allocator, allocate, default_allocator
 from .close import CLOSE_MARKER, parse_close_record
-from .compression import CODECS
+from .compression import CODECS, LENGTH_MASK
 from .errors import EndOfData, RemoteProtocolError
 from .frames import PACK_BELOW, Frames, PackedFrames, Packer
 from .inflate import Inflater
@@ -128,7 +128,7 @@ from .wire import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     #: ``copy(source, start, end) -> a frame's own flat view of source[start:end]``
     Copier = Callable[[memoryview, int, int], memoryview]
@@ -287,44 +287,6 @@ def copy_out(source: memoryview, start: int, end: int) -> memoryview:
     return memoryview(bytearray(source[start:end]))
 
 
-def _whole_message(
-    buf: bytearray,
-    view: memoryview,
-    start: int,
-    avail: int,
-    count: int,
-    limits: Limits,
-    copy: Copier,
-) -> tuple[list[memoryview], int] | None:
-    """The frames of a message of ``count`` frames (at most the fast path's
-    limit) that lies whole in ``buf`` (``view`` of it) at ``start`` (``avail``
-    bytes there), each copied into a buffer of its own (by ``copy`` from
-    ``SMALL_MIN`` bytes), and where the message ends; ``None`` (nothing
-    consumed) if it is not all there or breaks a limit, which the general path
-    then reports."""
-    head = 4 + 8 * count
-    if avail < head:
-        return None
-    lengths = LENGTHS[count].unpack_from(buf, start + 4)
-    total = sum(lengths)
-    if (
-        avail - head < total
-        or total > limits.max_message_size
-        or max(lengths) > limits.max_frame_size
-    ):
-        return None
-    position = start + head
-    frames = []
-    for length in lengths:
-        end = position + length
-        if length < SMALL_MIN:  # (a message's header, say: no call)
-            frames.append(memoryview(buf[position:end]))
-        else:
-            frames.append(copy(view, position, end))
-        position = end
-    return frames, position
-
-
 class FrameDecoder:
     """Turns the incoming byte stream into a preamble, then lists of frames.
 
@@ -367,6 +329,7 @@ class FrameDecoder:
         "_eof",
         "_fast_alloc",
         "_fast_count",
+        "_fast_frame_max",
         "_fast_max",
         "_filled",
         "_frames",
@@ -415,6 +378,8 @@ class FrameDecoder:
         self._fast_alloc, self._fast_max, self._fast_count = _fast_paths(
             self._allocator, self._limits, read_buffer_size
         )
+        # (an entry above LENGTH_MASK is a compressed frame's: the general path's)
+        self._fast_frame_max = min(self._fast_max, LENGTH_MASK)
         # A pool places the buffers of frames read directly at the phase of their
         # offset in the message (see _start_frame).
         self._pool = allocator if isinstance(allocator, BufferPool) else None
@@ -699,14 +664,26 @@ class FrameDecoder:
                             return [memoryview(self._buf[start : start + length])]
                         return [self._copy(self._view, start, start + length)]
                 elif 1 < count <= self._fast_count:
-                    whole = _whole_message(
-                        self._buf, self._view, start, avail, count, self._limits, self._copy
-                    )
-                    if whole is not None:
-                        frames, self._start = whole
-                        return frames
+                    return self._several(start, avail, count)
             elif not avail and not self._eof:
                 return None  # between messages, nothing buffered: need data
+        elif state is _FRAME:
+            # Fast path: the last frame was read into its own buffer and is full
+            # (a message whose large frame was read directly: see
+            # _several), with no compressed frame to account for.
+            target = self._target
+            if target is None:
+                if self.state.status is TASK_READS_FRAME and not self._eof:
+                    return None  # (its buffer comes with the next get_buffer())
+            elif (
+                self._filled == target.nbytes
+                and self.inflater.codecs is None
+                and len(self._frames) + 1 == len(self._lengths)
+            ):
+                self._target = None
+                self._filled = 0
+                self._frames.append(target)
+                return self._finish_message()
         elif state is _PREAMBLE:
             on_handshake = self.on_handshake
             if on_handshake is None:
@@ -718,6 +695,10 @@ class FrameDecoder:
             return self.next_message()
         elif state is _ENDED:
             self._raise_again()
+        return self._general()
+
+    def _general(self) -> Frames | None:
+        """:meth:`next_message` past its fast paths (which raise nothing)."""
         try:
             return self._next_message()
         except (RemoteProtocolError, EndOfData) as exc:
@@ -802,6 +783,63 @@ class FrameDecoder:
             self._frames.append(target)
             if len(self._frames) == len(self._lengths):
                 return self._finish_message()
+
+    def _several(self, start: int, avail: int, count: int) -> Frames | None:
+        """The fast paths of a message of ``count`` frames (more than one, at most
+        the fast paths' limit) at ``start`` (``avail`` bytes there), when its
+        header is in the read-ahead buffer and within the limits: the message is
+        whole there (its frames, each copied into a buffer of its own); or all
+        of it but a part of its last frame large enough to read straight into
+        that frame's buffer (a body and a large out-of-band frame): the message
+        is reserved from the budget, its other frames taken and its last frame
+        announced (status TASK_READS_FRAME), as the general path does. Any other
+        case (a compressed frame, a broken limit, the stream's end) is the
+        general path's."""
+        head = 4 + 8 * count
+        if avail >= head:
+            lengths = LENGTHS[count].unpack_from(self._buf, start + 4)
+            total = sum(lengths)
+            missing = total - (avail - head)
+            if max(lengths) <= self._fast_frame_max and total <= self._limits.max_message_size:
+                if missing <= 0:
+                    frames, self._start = self._copy_frames(lengths, start + head)
+                    return frames
+                if self._direct_threshold <= missing <= lengths[-1] and not self._eof:
+                    self._begin_last_frame(lengths, start + head, total)
+                    return None
+        return self._general()
+
+    def _copy_frames(self, lengths: Sequence[int], position: int) -> tuple[list[memoryview], int]:
+        """The frames of these ``lengths`` from ``position`` in the read-ahead
+        buffer, each copied into a buffer of its own (by ``copy`` from
+        ``SMALL_MIN`` bytes), and where they end."""
+        buf = self._buf
+        frames = []
+        for length in lengths:
+            end = position + length
+            if length < SMALL_MIN:  # (a message's header, say: no call)
+                frames.append(memoryview(buf[position:end]))
+            else:
+                frames.append(self._copy(self._view, position, end))
+            position = end
+        return frames, position
+
+    def _begin_last_frame(self, lengths: tuple[int, ...], position: int, total: int) -> None:
+        """:meth:`_several` for a message whose last frame is to be read straight
+        into its buffer and whose other frames start at ``position``."""
+        self._lengths = lengths
+        self._positions = None
+        self._target = None
+        self._filled = 0
+        self._state = _FRAME
+        reservations = self._reservations
+        if reservations is not None and not reservations.reserve(total, len(lengths)):
+            # (the general path takes the frames once the budget grants them)
+            self._start = position
+            self.state.status = WAIT_BUDGET
+            return
+        self._frames, self._start = self._copy_frames(lengths[:-1], position)
+        self.state.status = TASK_READS_FRAME
 
     def _open_frame(self, index: int, length: int) -> memoryview | None:
         """Begin frame ``index`` of the message (``length`` bytes), the one way every

@@ -63,6 +63,12 @@ class Limits:
             LocalProtocolError: the message has too many frames, a frame that
                 is too large, or a total size over ``max_message_size``.
         """
+        if (
+            len(lengths) <= self.max_frames
+            and max(lengths, default=0) <= self.max_frame_size
+            and sum(lengths) <= self.max_message_size
+        ):
+            return
         if len(lengths) > self.max_frames:
             raise LocalProtocolError(
                 f"message has {len(lengths)} frames; the peer accepts at most {self.max_frames}"

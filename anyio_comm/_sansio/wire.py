@@ -265,8 +265,12 @@ def encode_message(frames: Sequence[memoryview]) -> list[Buffer]:
 
 def encode_frames(frames: Sequence[memoryview], lengths: Sequence[int]) -> list[Buffer]:
     """:func:`encode_message` for a caller that has the frames' ``lengths`` already."""
-    if len(frames) == 1:
+    count = len(frames)
+    if count == 1:
         return encode_message(frames)
+    if count == 2 and lengths[0] < COALESCE_THRESHOLD <= lengths[1]:
+        # (the usual out-of-band message: a short body, then one large frame)
+        return [HEADERS[2].pack(2, *lengths) + frames[0], frames[1]]
     return frames_to_iov(encode_header(lengths), frames)
 
 

@@ -281,7 +281,9 @@ def test_large_message_is_reserved_at_its_header_and_released_when_complete() ->
     assert decoder.received_in_message == 0
 
 
-def test_a_message_waiting_for_budget_is_not_started() -> None:
+@pytest.mark.parametrize("before", [b"", b"body"])
+def test_a_message_waiting_for_budget_is_not_started(before: bytes) -> None:
+    """Also a message of a body and a large frame (its body waits with it)."""
     budget = ReceiveBudget(2 * MiB)
     holder = budget.account()
     assert holder.reserve(2 * MiB)
@@ -289,17 +291,21 @@ def test_a_message_waiting_for_budget_is_not_started() -> None:
     granted: list[bool] = []
     assert decoder.account is not None
     decoder.account.on_grant = lambda: granted.append(True)
-    decoder.feed(header(1 * MiB) + b"z" * 1000)
+    lengths = [len(before)] if before else []
+    decoder.feed(header(*lengths, MiB) + before + b"z" * 1000)
     assert decoder.next_message() is None
     assert decoder.state.status is ReceiveStatus.WAIT_BUDGET  # nothing allocated while waiting
+    assert budget.waiting == 1
     assert decoder.next_message() is None  # still in line
     holder.release(2 * MiB)
     assert granted == [True]
+    assert budget.in_use == message_cost(len(before) + MiB, len(lengths) + 1)
     assert decoder.next_message() is None  # the message goes on
     assert decoder.state.status is ReceiveStatus.TASK_READS_FRAME
     decoder.feed(b"z" * (MiB - 1000))
     frames = decoder.next_message()
-    assert frames is not None and len(frames[0]) == MiB
+    assert frames is not None and [len(f) for f in frames] == [*lengths, MiB]
+    assert bytes(frames[0]) == (before or b"z" * MiB)
     assert budget.in_use == 0
 
 

@@ -220,32 +220,83 @@ def test_a_short_read_after_a_frame_is_still_due_if_abandoned() -> None:
     assert sock.messages == [[payload], [b"next"], [b"x" * 5000]]
 
 
-def test_large_frame_buffer_is_allocated_at_the_next_get_buffer() -> None:
+@pytest.mark.parametrize("allocating", ["allocator", "pool"])
+@pytest.mark.parametrize("before", [[], [b"body"], [b"", b"x" * 3000]])
+def test_large_frame_buffer_is_allocated_at_the_next_get_buffer(
+    before: list[bytes], allocating: str
+) -> None:
     """A frame whose rest will be read directly gets its buffer when the bytes are
     wanted (status TASK_READS_FRAME says so before): the bytes already in the read-ahead
-    buffer move into it."""
+    buffer move into it. So is a last frame after frames whole in the read-ahead
+    buffer (a body and a large out-of-band frame), with or without a pool."""
     sizes: list[int] = []
 
     def allocator(n: int) -> bytearray:
         sizes.append(n)
         return bytearray(n)
 
-    d = FrameDecoder(read_buffer_size=4096, allocator=allocator)
+    pool = BufferPool()
+    if allocating == "pool":
+        d = FrameDecoder(read_buffer_size=64 * 1024, allocator=pool)
+    else:
+        d = FrameDecoder(read_buffer_size=4096, allocator=allocator)
     payload = bytes(range(256)) * 400  # 100 KiB
-    d.feed(PREAMBLE + encode_header([len(payload)]) + payload[:1000])
+    lengths = [*map(len, before), len(payload)]
+    head = encode_header(lengths)
+    d.feed(PREAMBLE + head + b"".join(before) + payload[:1000])
     assert d.next_handshake() is not None
     assert d.state.status is not ReceiveStatus.TASK_READS_FRAME
     assert d.next_message() is None
     assert d.next_message() is None  # asking again changes nothing
-    assert d.state.status is ReceiveStatus.TASK_READS_FRAME and sizes == []
+    assert d.state.status is ReceiveStatus.TASK_READS_FRAME
+    assert len(payload) not in sizes and pool.statistics().buffers_in_use == 0
     assert not d.at_message_boundary
+    assert d.received_in_message == len(head) + sum(map(len, before)) + 1000
     target = d.get_buffer()
-    assert sizes == [len(payload)] and d.state.status is not ReceiveStatus.TASK_READS_FRAME
+    assert d.state.status is not ReceiveStatus.TASK_READS_FRAME
+    if allocating == "pool":
+        assert pool.statistics().buffers_in_use == 1
+    else:
+        assert sizes[-1] == len(payload)
     assert target.nbytes == len(payload) - 1000
-    target[:] = payload[1000:]
-    d.buffer_updated(target.nbytes)
-    (frame,) = d.next_message() or []
-    assert bytes(frame) == payload
+    target[:-1] = payload[1000:-1]
+    d.buffer_updated(target.nbytes - 1)
+    assert d.next_message() is None  # one byte short
+    assert d.received_in_message == len(head) + sum(lengths) - 1
+    d.feed(payload[-1:])  # (through the read-ahead buffer: too little to read directly)
+    frames = d.next_message()
+    assert frames is not None
+    assert [bytes(f) for f in frames] == [*before, payload]
+    assert d.at_message_boundary and d.received_in_message == 0
+    d.feed(encode([b"next"]))
+    assert [bytes(f) for f in d.next_message() or []] == [b"next"]
+
+
+@pytest.mark.parametrize(
+    ("limits", "rule"),
+    [
+        (Limits(max_frame_size=99_999), "max_frame_size"),
+        (Limits(max_message_size=100_004), "max_message_size"),
+    ],
+)
+def test_a_large_last_frame_over_the_limits_is_refused_at_its_header(
+    limits: Limits, rule: str
+) -> None:
+    """A message of a body and a large frame that breaks a limit is refused
+    before anything is allocated for its large frame."""
+    sizes: list[int] = []
+
+    def allocator(n: int) -> bytearray:
+        sizes.append(n)
+        return bytearray(n)
+
+    d = FrameDecoder(limits, read_buffer_size=4096, allocator=allocator)
+    d.feed(PREAMBLE + encode_header([5, 100_000]) + b"body!" + b"x" * 100)
+    d.next_handshake()
+    with pytest.raises(RemoteProtocolError) as info:
+        d.next_message()
+    assert info.value.rule == rule
+    assert sizes == []
 
 
 def test_small_frame_buffer_is_allocated_with_its_header() -> None:
@@ -257,11 +308,16 @@ def test_small_frame_buffer_is_allocated_with_its_header() -> None:
     assert d.state.status is not ReceiveStatus.TASK_READS_FRAME
 
 
-def test_end_of_stream_while_a_frame_buffer_is_due() -> None:
+@pytest.mark.parametrize("announced", [True, False])
+@pytest.mark.parametrize("lengths", [[100_000], [7, 100_000]])
+def test_end_of_stream_while_a_frame_buffer_is_due(lengths: list[int], announced: bool) -> None:
+    """The stream ends after the header of a message whose large frame is due,
+    before or after that frame was announced: the next call raises it."""
     d = FrameDecoder(read_buffer_size=4096)
-    d.feed(PREAMBLE + encode_header([100_000]) + b"x" * 10)
+    d.feed(PREAMBLE + encode_header(lengths) + b"x" * (sum(lengths[:-1]) + 10))
     d.next_handshake()
-    assert d.next_message() is None and d.state.status is ReceiveStatus.TASK_READS_FRAME
+    if announced:
+        assert d.next_message() is None and d.state.status is ReceiveStatus.TASK_READS_FRAME
     d.receive_eof()
     with pytest.raises(EndOfData) as info:
         d.next_message()
