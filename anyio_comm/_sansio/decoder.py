@@ -827,17 +827,10 @@ class FrameDecoder:
     def _begin_last_frame(self, lengths: tuple[int, ...], position: int, total: int) -> None:
         """:meth:`_several` for a message whose last frame is to be read straight
         into its buffer and whose other frames start at ``position``."""
-        self._lengths = lengths
-        self._positions = None
-        self._target = None
-        self._filled = 0
-        self._state = _FRAME
-        reservations = self._reservations
-        if reservations is not None and not reservations.reserve(total, len(lengths)):
-            # (the general path takes the frames once the budget grants them)
-            self._start = position
-            self.state.status = WAIT_BUDGET
-            return
+        self._start = position
+        self._enter_message(lengths, total)
+        if self.state.status is WAIT_BUDGET:
+            return  # (the general path takes the frames once the budget grants them)
         self._frames, self._start = self._copy_frames(lengths[:-1], position)
         self.state.status = TASK_READS_FRAME
 
@@ -970,6 +963,12 @@ class FrameDecoder:
                 f"{limits.max_message_size} bytes per message",
                 rule="max_message_size",
             )
+        self._enter_message(lengths, total)
+
+    def _enter_message(self, lengths: tuple[int, ...], total: int) -> None:
+        """Receive the frames of a message whose length table (``lengths``, of
+        ``total`` bytes) passed the limits: its state, and its reservation of the
+        budget (status WAIT_BUDGET while that waits)."""
         self._lengths = lengths
         self._positions = None
         self._frames = []
