@@ -421,6 +421,9 @@ async def test_serve_checks_its_arguments() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         async with rpc.serve("tcp://127.0.0.1:0", {}, max_calls=0):
             pass
+    with pytest.raises(ValueError, match="max_waiting_per_connection at least 0"):
+        async with rpc.serve("tcp://127.0.0.1:0", {}, max_waiting_per_connection=-1):
+            pass
     with pytest.raises(TypeError, match="not callable"):
         async with rpc.serve("tcp://127.0.0.1:0", {"x": 1}):
             pass
@@ -562,6 +565,24 @@ async def test_calls_beyond_the_waiting_limit_are_rejected() -> None:
                 await anyio.sleep(0.05)
                 with pytest.raises(rpc.OverloadedError):
                     await client.call("add", 1, 2)
+            assert methods.most_running == 1
+
+
+async def test_no_waiting_call_with_a_waiting_limit_of_zero() -> None:
+    """``max_waiting_per_connection=0`` is accepted: calls beyond the running
+    ones fail at once, and the running ones are unaffected."""
+    with anyio.fail_after(10):
+        async with server_and_client(max_calls_per_connection=1, max_waiting_per_connection=0) as (
+            _server,
+            client,
+            methods,
+        ):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(client.call, "slow", "a", 0.3)
+                await methods.started.setdefault("a", anyio.Event()).wait()
+                with pytest.raises(rpc.OverloadedError):
+                    await client.call("add", 1, 2)
+            assert await client.call("add", 1, 2) == 3
             assert methods.most_running == 1
 
 

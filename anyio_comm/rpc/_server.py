@@ -149,6 +149,17 @@ def _name(method: str) -> str:
     return repr(method if len(method) <= 100 else method[:97] + "...")
 
 
+#: the message of a call answered at its deadline before its handler started
+_WAITED_PAST_DEADLINE: Final = "{} waited past its deadline"
+
+
+def _refusal(call: Call, code: ErrorCode, text: str) -> ErrorReply:
+    """The server's own answer to ``call`` (no handler raised it): its ``type``
+    is the code's name (``DEADLINE_EXCEEDED``, ``OVERLOADED``, ...), whichever
+    step gave it, so that one condition reaches callers as one ``remote_type``."""
+    return ErrorReply(call.id, code, code.name, text)
+
+
 def _apply(call: Call, method: Callable[..., Any]) -> tuple[Any, ErrorReply | None]:
     """``method`` called with the call's arguments (a value, a coroutine or an
     async generator), or the reply to a call whose arguments do not fit it (a
@@ -673,7 +684,7 @@ class Server:
                     session,
                     call,
                     ErrorCode.DEADLINE_EXCEEDED,
-                    f"{_name(call.method)} waited past its deadline",
+                    _WAITED_PAST_DEADLINE.format(_name(call.method)),
                 )
             else:
                 break
@@ -734,7 +745,7 @@ class Server:
     def _refuse(session: _Session, call: Call, code: ErrorCode, text: str) -> None:
         """Answer ``call`` with an error now (the connection is not read while its
         outbox is full, so these stay bounded)."""
-        session.outbox.put_now(ErrorReply(call.id, code, code.name, text).encode())
+        session.outbox.put_now(_refusal(call, code, text).encode())
 
     async def _worker(self, session: _Session) -> None:
         """Run the connection's calls, first come, first served, until it ends;
@@ -796,12 +807,14 @@ class Server:
         try:
             if _withdrawn(running):
                 return  # cancelled while it waited in the queue
+            handled = False  # (a deadline before the handler: it waited past it)
             with session.cancel_scope(deadline=running.deadline) as scope:
                 running.scope = scope
                 if running.deadline != math.inf and session.clock() >= running.deadline:
                     await checkpoint()  # its deadline passed in the queue: cancelled here
                 await self._take_slot(session, running)
                 self._uncharge(session, running)  # its arguments are the handler's now
+                handled = True
                 if call.stream:
                     reply = await self._invoke_stream(session, work, context)
                 else:
@@ -814,11 +827,12 @@ class Server:
             elif reply is None:  # cancelled here
                 if running.cancelled_by_client:
                     return  # the caller is not waiting
-                reply = ErrorReply(
-                    call.id,
+                reply = _refusal(
+                    call,
                     ErrorCode.DEADLINE_EXCEEDED,
-                    "DeadlineExceeded",
-                    f"{call.method}() did not finish within {call.timeout} seconds",
+                    f"{_name(call.method)} did not finish within {call.timeout} seconds"
+                    if handled
+                    else _WAITED_PAST_DEADLINE.format(_name(call.method)),
                 )
             await self._reply(session, call, reply)
         finally:
@@ -929,7 +943,8 @@ async def serve(
         max_waiting_per_connection: with ``overload="wait"``, calls of one
             connection that may wait for a slot; more fail at once with
             :exc:`OverloadedError` (notifications beyond it are dropped, with a
-            warning in the log).
+            warning in the log). 0: none waits for a worker of its connection
+            (a call may still wait for a slot of the server's).
         overload: what happens to a call beyond a limit: ``"wait"`` (it waits
             for a slot, its deadline running) or ``"reject"`` (it fails at once
             with :exc:`OverloadedError`).
@@ -946,7 +961,9 @@ async def serve(
     Raises:
         TypeError: ``handlers`` has a method that is not callable, or a name
             that is not a str.
-        ValueError: a limit is below 1, or ``overload`` is neither value.
+        ValueError: ``max_calls_per_connection``, ``max_calls`` or
+            ``max_queued`` is below 1, ``max_waiting_per_connection`` is
+            negative, or ``overload`` is neither value.
     """
     if min(max_calls_per_connection, max_calls, max_queued) < 1 or max_waiting_per_connection < 0:
         raise ValueError(
