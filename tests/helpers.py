@@ -66,6 +66,24 @@ async def listen_address(kind: str) -> AsyncIterator[str]:
 
 
 @asynccontextmanager
+async def listen_arguments(
+    kind: str,
+) -> AsyncIterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """Yield where to listen for ``kind`` (a transport of ``listen_address``, or
+    ``"tls"``: TCP with the test certificates), with the keyword arguments of
+    the listening side and of the connecting side."""
+    async with listen_address("tcp" if kind == "tls" else kind) as address:
+        if kind != "tls":
+            yield address, {}, {}
+            return
+        yield (
+            address.replace("tcp://", "tls://"),
+            {"ssl_context": server_context()},
+            {"ssl_context": client_context()},
+        )
+
+
+@asynccontextmanager
 async def connected_pair(kind: str, **options: Any) -> AsyncIterator[tuple[Comm, Comm]]:
     """Yield ``(client, server)`` comms connected over ``kind``; closes both."""
     if kind == "memory":

@@ -21,8 +21,7 @@ from anyio_comm import rpc
 from anyio_comm._sansio.close import CloseCode
 from anyio_comm.rpc._protocol import Call, ErrorCode, decode
 
-from .certs import client_context, server_context
-from .helpers import ADDRESS_TRANSPORTS, listen_address
+from .helpers import ADDRESS_TRANSPORTS, listen_arguments
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -106,13 +105,7 @@ async def server_and_client(
     kind: str = "tcp", methods: Any = None, **serve_arguments: Any
 ) -> AsyncIterator[tuple[rpc.Server, rpc.Client, Methods]]:
     methods = methods or Methods()
-    async with listen_address("tcp" if kind == "tls" else kind) as address:
-        server_kwargs: dict[str, Any] = {}
-        client_kwargs: dict[str, Any] = {}
-        if kind == "tls":
-            address = address.replace("tcp://", "tls://")
-            server_kwargs["ssl_context"] = server_context()
-            client_kwargs["ssl_context"] = client_context()
+    async with listen_arguments(kind) as (address, server_kwargs, client_kwargs):
         async with (
             rpc.serve(address, methods, **server_kwargs, **serve_arguments) as server,
             rpc.connect(server.address, timeout=10, **client_kwargs) as client,
@@ -551,35 +544,20 @@ async def test_a_stream_and_a_call_share_a_limit_of_one() -> None:
                     assert [item async for item in items] == list(range(100))
 
 
-async def test_calls_beyond_the_waiting_limit_are_rejected() -> None:
+@pytest.mark.parametrize("waiting", [1, 0])
+async def test_calls_beyond_the_waiting_limit_are_rejected(waiting: int) -> None:
+    """Beyond the calls that run and ``max_waiting_per_connection`` that wait
+    (0 is a limit too: none waits), calls fail at once; the others go on."""
     with anyio.fail_after(10):
-        async with server_and_client(max_calls_per_connection=1, max_waiting_per_connection=1) as (
-            _server,
-            client,
-            methods,
-        ):
+        async with server_and_client(
+            max_calls_per_connection=1, max_waiting_per_connection=waiting
+        ) as (_server, client, methods):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(client.call, "slow", "a", 0.3)
                 await methods.started.setdefault("a", anyio.Event()).wait()
-                tg.start_soon(client.call, "slow", "b", 0.01)  # waits
-                await anyio.sleep(0.05)
-                with pytest.raises(rpc.OverloadedError):
-                    await client.call("add", 1, 2)
-            assert methods.most_running == 1
-
-
-async def test_no_waiting_call_with_a_waiting_limit_of_zero() -> None:
-    """``max_waiting_per_connection=0`` is accepted: calls beyond the running
-    ones fail at once, and the running ones are unaffected."""
-    with anyio.fail_after(10):
-        async with server_and_client(max_calls_per_connection=1, max_waiting_per_connection=0) as (
-            _server,
-            client,
-            methods,
-        ):
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(client.call, "slow", "a", 0.3)
-                await methods.started.setdefault("a", anyio.Event()).wait()
+                if waiting:
+                    tg.start_soon(client.call, "slow", "b", 0.01)  # waits
+                    await anyio.sleep(0.05)
                 with pytest.raises(rpc.OverloadedError):
                     await client.call("add", 1, 2)
             assert await client.call("add", 1, 2) == 3

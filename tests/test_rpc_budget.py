@@ -20,8 +20,8 @@ from anyio_comm._sansio.serialization import Serializer
 from anyio_comm.rpc._protocol import Call, Cancel, ErrorCode, ErrorReply, Result, decode
 from anyio_comm.rpc._server import UNCHARGED_PER_CONNECTION
 
-from .certs import client_context, server_context
-from .helpers import ADDRESS_TRANSPORTS, listen_address
+from .certs import client_context
+from .helpers import ADDRESS_TRANSPORTS, listen_arguments
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Callable
@@ -81,13 +81,7 @@ async def serving(
     """A server whose one worker per connection is held by ``block``, and a
     raw comm to it (the test writes RPC messages by hand)."""
     methods = Methods(budget)
-    async with listen_address("tcp" if kind == "tls" else kind) as address:
-        server_kwargs: dict[str, Any] = {}
-        client_kwargs: dict[str, Any] = {}
-        if kind == "tls":
-            address = address.replace("tcp://", "tls://")
-            server_kwargs["ssl_context"] = server_context()
-            client_kwargs["ssl_context"] = client_context()
+    async with listen_arguments(kind) as (address, server_kwargs, client_kwargs):
         async with (
             rpc.serve(
                 address,

@@ -18,8 +18,7 @@ import anyio_comm
 from anyio_comm import rpc
 from anyio_comm.rpc._protocol import Call, ErrorCode, ErrorReply, Result, decode
 
-from .certs import client_context, server_context
-from .helpers import ADDRESS_TRANSPORTS, listen_address
+from .helpers import ADDRESS_TRANSPORTS, listen_arguments
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -53,13 +52,7 @@ class Methods:
 async def serving(kind: str, **limits: Any) -> AsyncIterator[tuple[anyio_comm.Comm, Methods]]:
     """A server with ``limits`` and a raw comm to it."""
     methods = Methods()
-    async with listen_address("tcp" if kind == "tls" else kind) as address:
-        server_kwargs: dict[str, Any] = {}
-        client_kwargs: dict[str, Any] = {}
-        if kind == "tls":
-            address = address.replace("tcp://", "tls://")
-            server_kwargs["ssl_context"] = server_context()
-            client_kwargs["ssl_context"] = client_context()
+    async with listen_arguments(kind) as (address, server_kwargs, client_kwargs):
         async with (
             rpc.serve(address, methods, **limits, **server_kwargs) as server,
             await anyio_comm.connect(server.address, timeout=10, **client_kwargs) as comm,
