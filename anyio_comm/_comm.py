@@ -127,6 +127,7 @@ __all__ = [
     "Comm",
     "CommAttribute",
     "IdleHook",
+    "count_work",
     "current_buffer_pool",
     "establish",
     "keep_taken",
@@ -1076,6 +1077,15 @@ async def receive_with_cost(comm: Comm) -> tuple[Any, int]:
         error = exc.with_traceback(None)
     del frames
     await comm._refuse(error)
+
+
+def count_work(comm: Comm, working_until: Callable[[], float]) -> None:
+    """Let ``comm``'s ``idle_timeout`` see its owner's work on the connection:
+    ``working_until()`` returns ``math.inf`` while some is under way (calls in
+    flight), else when the last of it ended (``anyio.current_time()``, or
+    ``-math.inf`` for never). The comm is then idle only once nothing arrived,
+    and no work was under way, for ``idle_timeout``."""
+    comm._timers.working_until = working_until
 
 
 def keep_taken(comm: Comm) -> tuple[BudgetAccount, int] | None:

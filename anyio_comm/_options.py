@@ -82,7 +82,8 @@ class Options:
         idle_timeout: :meth:`Comm.receive <anyio_comm.Comm.receive>` fails
             with :exc:`~anyio_comm.IdleTimeoutError` (and the connection is
             closed) when no byte arrives for this many seconds while it waits
-            (``None``: it waits forever).
+            (``None``: it waits forever). On an ``anyio_comm.rpc``
+            connection, time with calls in flight does not count.
         message_timeout: once part of a message arrived, :meth:`Comm.receive
             <anyio_comm.Comm.receive>` waits at most this many seconds for the
             rest, plus one second for every ``min_receive_rate`` bytes of the

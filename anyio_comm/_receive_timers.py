@@ -14,7 +14,10 @@ timer applies depends on what the connection waits for:
 * the peer, inside a message: ``message_timeout`` plus one second per
   ``min_receive_rate`` bytes received, counting only the time spent waiting
   for the peer, and ``idle_timeout``;
-* the peer, between messages: ``idle_timeout``.
+* the peer, between messages: ``idle_timeout``, from the later of the last
+  arrival and the end of the owner's work on the connection, if the owner
+  counts it (:attr:`ReceiveTimers.working_until`: an RPC connection with calls
+  in flight is not idle, however long they take).
 
 A timer that runs out raises :exc:`Expired`, which says how the comm closes
 (gracefully or not, with which close record) and what its receive raises.
@@ -33,6 +36,8 @@ from ._sansio.close import CloseCode, CloseReason
 from ._sansio.connection import DECOMPRESS, WAIT_BUDGET
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._receivers import Receiver
     from ._sansio.connection import Connection
 
@@ -66,6 +71,7 @@ class ReceiveTimers:
         "message_waited",
         "min_receive_rate",
         "peer_address",
+        "working_until",
     )
 
     def __init__(
@@ -86,6 +92,10 @@ class ReceiveTimers:
         #: seconds waited for the peer since the message being received began
         #: (the comm sets it back to 0 when it returns a message)
         self.message_waited = 0.0
+        #: the owner's work on the connection, which ``idle_timeout`` counts as
+        #: activity: ``math.inf`` while some is under way, else when the last
+        #: ended (``anyio.current_time()``); ``None``: the owner counts none
+        self.working_until: Callable[[], float] | None = None
 
     async def wait(self, receiver: Receiver, conn: Connection) -> None:
         """``receiver.wait()`` under the timers that apply to it (see the module).
@@ -126,6 +136,8 @@ class ReceiveTimers:
         if in_message:
             self.message_waited += current_time() - started
         if scope.cancelled_caught and timeout == idle_timeout:
+            if not in_message and await self._wait_out_work(receiver, idle_timeout):
+                return  # (something arrived while the owner's work kept it open)
             # Between messages the peer loses nothing: close gracefully (it sees
             # the end of the stream); inside a message, break the connection.
             text = f"nothing received for {idle_timeout:g} s"
@@ -134,6 +146,30 @@ class ReceiveTimers:
             raise Expired(
                 IdleTimeoutError(text), graceful=boundary, reason=CloseReason(code, "", text)
             )
+
+    async def _wait_out_work(self, receiver: Receiver, idle_timeout: float) -> bool:
+        """Nothing arrived for ``idle_timeout``: wait on while the owner's work
+        keeps the connection in use (:attr:`working_until`), and then until
+        ``idle_timeout`` after that work ended. Return True if the receiver
+        was woken meanwhile, False if the connection is idle.
+
+        Raises:
+            Exception: what ``receiver.wait()`` raises.
+        """
+        working_until = self.working_until
+        if working_until is None:
+            return False
+        while True:
+            until = working_until()  # (math.inf: at work now)
+            remaining = idle_timeout
+            if until != math.inf:
+                remaining += until - current_time()
+            if remaining <= 0:
+                return False
+            with move_on_after(remaining) as scope:
+                await receiver.wait()
+            if not scope.cancelled_caught:
+                return True
 
     def _allowance(self, conn: Connection) -> float:
         """Seconds the message being received may still wait for the peer.

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import anyio
 
 from .._backend import current_backend
+from .._comm import count_work
 from .._compat import final
 from .._sansio.close import CloseCode, CloseReason
 from .._sansio.errors import LocalProtocolError
@@ -169,12 +170,30 @@ class Client:
         self._comm = comm
         self._outbox = Outbox(comm, max_queued)
         self._calls: dict[int, _Pending] = {}
+        #: when the last call in flight ended (the comm's idle_timeout counts
+        #: from then: a connection with calls in flight is not idle)
+        self._quiet_since = -math.inf
+        count_work(comm, self._working_until)
         self._next_id = 0
         #: why no more calls can be made (the connection ended), once it did
         self._ended: BaseException | None = None
         self._closed = False
         #: the event loop's primitives, looked up by the first call
         self._backend: Backend | None = None
+
+    def _working_until(self) -> float:
+        """``math.inf`` while calls are in flight, else when the last ended (see
+        :func:`~anyio_comm._comm.count_work`)."""
+        return math.inf if self._calls else self._quiet_since
+
+    def _forget(self, call_id: int) -> _Pending | None:
+        """Take a call out of those in flight (its reply came, or it was
+        cancelled or refused); None if it was not."""
+        calls = self._calls
+        pending = calls.pop(call_id, None)
+        if pending is not None and not calls:
+            self._quiet_since = self._current_backend().current_time()
+        return pending
 
     @property
     def comm(self) -> Comm:
@@ -227,7 +246,7 @@ class Client:
         try:
             await pending.event.wait()
         except BaseException:
-            if self._calls.pop(call_id, None) is not None and not Outbox.withdraw(entry):
+            if self._forget(call_id) is not None and not Outbox.withdraw(entry):
                 self._outbox.put_now(Cancel(call_id).encode())
             raise
         outcome = pending.outcome
@@ -269,7 +288,7 @@ class Client:
             yield stream
         finally:
             stream._ended = True
-            if self._calls.pop(call_id, None) is not None and not Outbox.withdraw(entry):
+            if self._forget(call_id) is not None and not Outbox.withdraw(entry):
                 self._outbox.put_now(Cancel(call_id).encode())
             if pending.outcome is None:  # a task waiting for an item wakes up
                 pending.finish(anyio.ClosedResourceError())
@@ -366,7 +385,7 @@ class Client:
                     await _refuse(comm, exc)
                     return exc
                 if type(reply) is Result or type(reply) is ErrorReply:
-                    pending = calls.pop(reply.id, None)
+                    pending = self._forget(reply.id)
                     if pending is not None:  # else: cancelled, or a stray reply
                         pending.finish(reply)
                 elif type(reply) is Item:
@@ -396,7 +415,7 @@ class Client:
             pending.finish(error)
 
     def _refused(self, call_id: int, error: LocalProtocolError) -> None:
-        pending = self._calls.pop(call_id, None)
+        pending = self._forget(call_id)
         if pending is not None:
             pending.finish(error)
 

@@ -50,7 +50,7 @@ import anyio
 from anyio.lowlevel import checkpoint
 
 from .._backend import current_backend
-from .._comm import keep_taken, receive_with_cost
+from .._comm import count_work, keep_taken, receive_with_cost
 from .._compat import final
 from .._listener import listen
 from .._sansio.close import CloseCode, CloseReason
@@ -334,6 +334,7 @@ class _Session:
         "keeper",
         "outbox",
         "queue",
+        "quiet_since",
         "running",
         "sequence",
         "tasks",
@@ -369,6 +370,9 @@ class _Session:
         self.running: dict[int, _Running] = {}
         #: the calls and notifications that wait or run
         self.tasks = 0
+        #: when the last of them ended (the connection's idle_timeout counts
+        #: from then: one with calls in flight is not idle)
+        self.quiet_since = -math.inf
         self.queue: collections.deque[_Work] = collections.deque()
         self.workers = 0
         self.idle_workers: list[anyio.Event] = []
@@ -379,6 +383,17 @@ class _Session:
         self.ended = False
         #: notifications dropped (logged when this reaches a power of two)
         self.dropped = 0
+
+    def working_until(self) -> float:
+        """``math.inf`` while calls or notifications wait or run, else when the
+        last ended (see :func:`~anyio_comm._comm.count_work`)."""
+        return math.inf if self.tasks else self.quiet_since
+
+    def task_ended(self) -> None:
+        """Count one call or notification less (it ended, or left the queue)."""
+        self.tasks -= 1
+        if not self.tasks:
+            self.quiet_since = self.clock()
 
 
 @final
@@ -457,6 +472,7 @@ class Server:
         next call waits for the receive budget (see the module).
         """
         session = _Session(comm, self._max_queued)
+        count_work(comm, session.working_until)
         kept = keep_taken(comm)
         if kept is not None:
             keeper, session.budget_min = kept
@@ -709,7 +725,7 @@ class Server:
         del session.running[call_id]
         self._release(session, running)
         self._uncharge(session, running)
-        session.tasks -= 1
+        session.task_ended()
         self._check_idle()
 
     def _enqueue(self, session: _Session, task_group: TaskGroup, work: _Work) -> None:
@@ -776,7 +792,7 @@ class Server:
                     self._release(session, running)
                     self._uncharge(session, running)
                     session.finished += 1
-                    session.tasks -= 1
+                    session.task_ended()
                     self._check_idle()
                 since_yield += 1
                 if since_yield >= YIELD_EVERY:
