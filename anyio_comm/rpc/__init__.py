@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from .._connect import connect as _connect_comm
 from ._client import DEFAULT_STREAM_WINDOW, Client, Stream, open_client
+from ._context import CallContext, current_call
 from ._errors import (
     BadCallError,
     DeadlineExceededError,
@@ -43,6 +44,7 @@ if _TYPE_CHECKING:
 __all__ = [
     "DEFAULT_STREAM_WINDOW",
     "BadCallError",
+    "CallContext",
     "Client",
     "DeadlineExceededError",
     "InvalidArgumentsError",
@@ -55,6 +57,7 @@ __all__ = [
     "Stream",
     "UnavailableError",
     "connect",
+    "current_call",
     "open_client",
     "serve",
 ]

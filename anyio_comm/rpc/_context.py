@@ -1,4 +1,4 @@
-"""Each call in a context of its own.
+"""Each call in a context of its own, and what its handler may ask about it.
 
 A connection's calls run one after another on its worker tasks, so they would
 share the worker's :mod:`contextvars` context: a variable one call sets (a
@@ -6,18 +6,116 @@ user, a trace id) would be seen by the calls that follow, from other callers.
 As a task of their own would, calls run in a copy of the context the worker
 started with: a plain function through ``Context.run``, a coroutine (and each
 step of an async generator) through :class:`InContext`, which resumes it inside
-the context at every step.
+the context at every step. That copy also holds the call's
+:class:`CallContext`, which :func:`current_call` returns.
 """
 
 from __future__ import annotations
 
+import math
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 
+from anyio.streams.tls import TLSAttribute
+
+from .._compat import final
+
 if TYPE_CHECKING:
-    from collections.abc import Coroutine, Generator
+    from collections.abc import Callable, Coroutine, Generator
     from contextvars import Context
 
-__all__ = ["InContext"]
+    from .._comm import Comm
+
+__all__ = ["CallContext", "InContext", "current_call"]
+
+_NO_DEFAULT: Any = object()
+
+
+@final
+class CallContext:
+    """The call a handler serves, and the connection it came on: what
+    :func:`current_call` returns inside a handler (and in tasks the handler
+    starts, which inherit its context).
+
+    Attributes:
+        method: the name the caller called.
+        id: the caller's number for the call (``None`` for a notification).
+    """
+
+    __slots__ = ("_clock", "_comm", "_deadline", "id", "method")
+
+    def __init__(
+        self,
+        method: str,
+        call_id: int | None,
+        comm: Comm,
+        deadline: float,
+        clock: Callable[[], float],
+    ) -> None:
+        self.method = method
+        self.id = call_id
+        self._comm = comm
+        self._deadline = deadline
+        self._clock = clock
+
+    @property
+    def peer_address(self) -> str:
+        """The caller's address, as the connection reports it."""
+        return self._comm.peer_address
+
+    @property
+    def peer_certificate(self) -> dict[str, Any] | None:
+        """The caller's TLS certificate, as :meth:`ssl.SSLSocket.getpeercert`
+        decodes it; ``None`` on a connection without TLS, or when the caller
+        sent none."""
+        certificate: dict[str, Any] | None = self._comm.extra(TLSAttribute.peer_certificate, None)
+        return certificate or None
+
+    @property
+    def deadline(self) -> float:
+        """When the call's deadline passes, on the event loop's clock
+        (:func:`anyio.current_time`); ``math.inf`` for none."""
+        return self._deadline
+
+    def remaining(self) -> float:
+        """Seconds left before the deadline (0 once it passed; ``math.inf`` for
+        none)."""
+        if self._deadline == math.inf:
+            return math.inf
+        return max(self._deadline - self._clock(), 0.0)
+
+    def extra(self, attribute: Any, default: Any = _NO_DEFAULT) -> Any:
+        """A typed attribute of the connection (``anyio_comm.CommAttribute``,
+        ``anyio.streams.tls.TLSAttribute`` over TLS), as the comm's ``extra()``
+        gives it, or ``default`` if given and the connection has none.
+
+        Raises:
+            anyio.TypedAttributeLookupError: the connection has no such
+                attribute and no default was given.
+        """
+        if default is _NO_DEFAULT:
+            return self._comm.extra(attribute)
+        return self._comm.extra(attribute, default)
+
+    def __repr__(self) -> str:
+        return f"CallContext(method={self.method!r}, id={self.id!r}, peer={self.peer_address!r})"
+
+
+#: the call of the running handler (set in each call's own context)
+CURRENT_CALL: ContextVar[CallContext] = ContextVar("anyio_comm.rpc.current_call")
+
+
+def current_call() -> CallContext:
+    """The call the running handler serves (see :class:`CallContext`).
+
+    Raises:
+        RuntimeError: not called from an RPC handler, nor from a task that a
+            handler started.
+    """
+    try:
+        return CURRENT_CALL.get()
+    except LookupError:
+        raise RuntimeError("current_call() is only available inside an RPC handler") from None
 
 
 class InContext:

@@ -55,7 +55,7 @@ from .._compat import final
 from .._listener import listen
 from .._sansio.close import CloseCode, CloseReason
 from .._sansio.errors import LocalProtocolError, SerializationError
-from ._context import InContext
+from ._context import CURRENT_CALL, CallContext, InContext
 from ._outbox import DEFAULT_LIMIT, Outbox
 from ._protocol import (
     Call,
@@ -823,6 +823,10 @@ class Server:
         try:
             if _withdrawn(running):
                 return  # cancelled while it waited in the queue
+            context.run(
+                CURRENT_CALL.set,
+                CallContext(call.method, call.id, session.comm, running.deadline, session.clock),
+            )
             handled = False  # (a deadline before the handler: it waited past it)
             with session.cancel_scope(deadline=running.deadline) as scope:
                 running.scope = scope
@@ -922,6 +926,10 @@ class Server:
     ) -> None:
         notify = work.request
         running = work.state
+        context.run(
+            CURRENT_CALL.set,
+            CallContext(notify.method, None, session.comm, math.inf, session.clock),
+        )
         await self._take_slot(session, running)
         self._uncharge(session, running)
         try:
