@@ -33,7 +33,8 @@ napoleon_numpy_docstring = False
 # not linked, and nitpicky mode must not fail on them.
 nitpicky = True
 nitpick_ignore_regex = [
-    (r"py:.*", r"(anyio|ssl|socket|collections|typing|typing_extensions|msgpack|pickle)\..*"),
+    (r"py:.*", r"(anyio|ssl|socket|collections|contextlib|typing|typing_extensions)\..*"),
+    (r"py:.*", r"(msgpack|pickle)\..*"),
     (r"py:.*", r"(Buffer|Any|Awaitable|Callable|AsyncIterator|Iterable|Mapping|Sequence)"),
     (r"py:.*", r"(NoReturn|TaskStatus|ByteStream|ObjectStream|SSLContext|Limits|Comm|Listener)"),
     (r"py:.*", r"(Handshake|Allocator|Handler|MemoryByteStream|bytes|int|float|str|bool|None)"),

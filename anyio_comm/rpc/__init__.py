@@ -21,7 +21,7 @@ from contextlib import asynccontextmanager as _asynccontextmanager
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
 from .._connect import connect as _connect_comm
-from ._client import DEFAULT_STREAM_WINDOW, Client, Stream, open_client
+from ._client import DEFAULT_STREAM_WINDOW, Client, Stream, WithMetadata, open_client
 from ._context import CallContext, current_call
 from ._errors import (
     BadCallError,
@@ -56,6 +56,7 @@ __all__ = [
     "Server",
     "Stream",
     "UnavailableError",
+    "WithMetadata",
     "connect",
     "current_call",
     "open_client",

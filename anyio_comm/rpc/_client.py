@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import collections
 import math
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -16,7 +16,7 @@ from .._compat import final
 from .._sansio.close import CloseCode, CloseReason
 from .._sansio.errors import LocalProtocolError
 from ._errors import RPCError, UnavailableError, error_for
-from ._outbox import DEFAULT_LIMIT, Outbox
+from ._outbox import DEFAULT_LIMIT, Entry, Outbox
 from ._protocol import (
     Call,
     Cancel,
@@ -24,19 +24,21 @@ from ._protocol import (
     ErrorCode,
     ErrorReply,
     Item,
+    Metadata,
     Notify,
     ProtocolViolation,
     Result,
+    check_metadata,
     decode,
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Mapping
 
     from .._backend import Backend
     from .._comm import Comm
 
-__all__ = ["DEFAULT_STREAM_WINDOW", "Client", "Stream", "open_client"]
+__all__ = ["DEFAULT_STREAM_WINDOW", "Client", "Stream", "WithMetadata", "open_client"]
 
 #: items of a stream the server may send before the client takes them, by default
 DEFAULT_STREAM_WINDOW = 16
@@ -47,12 +49,14 @@ READ_BATCH = 64
 class _Pending:
     """A call waiting for its reply."""
 
-    __slots__ = ("event", "outcome")
+    __slots__ = ("event", "outcome", "trailers")
 
-    def __init__(self) -> None:
+    def __init__(self, trailers: Metadata | None = None) -> None:
         self.event = anyio.Event()
         #: the reply, the refusal of the call's message, or the connection's end
         self.outcome: Result | ErrorReply | BaseException | None = None
+        #: where the reply's trailers go (the caller's dict), if anywhere
+        self.trailers = trailers
 
     def finish(self, outcome: Result | ErrorReply | BaseException) -> None:
         self.outcome = outcome
@@ -64,8 +68,8 @@ class _StreamPending(_Pending):
 
     __slots__ = ("granted", "items", "received")
 
-    def __init__(self, window: int) -> None:
-        super().__init__()
+    def __init__(self, window: int, trailers: Metadata | None = None) -> None:
+        super().__init__(trailers)
         self.items: collections.deque[Any] = collections.deque()
         self.granted = window
         self.received = 0
@@ -233,21 +237,46 @@ class Client:
                 was sent).
             anyio.ClosedResourceError: the client was closed.
         """
-        self._check(method)
-        call_id = self._next_id
-        self._next_id = call_id + 1
-        message = Call(call_id, method, list(args), kwargs, self._timeout()).encode()
-        pending = _Pending()
-        try:
-            entry = await self._outbox.put(message, partial(self._refused, call_id))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-            raise self._unavailable(method, self._ended or exc) from exc
-        self._calls[call_id] = pending
+        return await self._call(method, args, kwargs, None, None)
+
+    def with_metadata(
+        self,
+        metadata: Mapping[str, str | bytes] | None = None,
+        *,
+        trailers: dict[str, str | bytes] | None = None,
+    ) -> WithMetadata:
+        """Calls, streams and notifications that carry ``metadata`` (a map of str
+        keys to str or bytes values: credentials, a trace id), which the
+        handler reads as ``rpc.current_call().metadata``:
+        ``await client.with_metadata({"authorization": token}).call("m", 1)``.
+        With ``trailers``, a dict, the trailers of each reply to those calls
+        (what the handler set with ``current_call().set_trailer()``) are put in
+        it; the errors they raise carry them too (``RPCError.trailers``).
+
+        Raises:
+            ValueError: ``metadata`` is not such a map, or has more than 64
+                entries, a key that is empty or longer than 128 characters, or
+                more than 16 KiB of keys and values.
+        """
+        checked = check_metadata({} if metadata is None else metadata)
+        return WithMetadata(self, dict(checked), trailers)  # (a copy: the caller's may change)
+
+    async def _call(
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        metadata: Metadata | None,
+        trailers: Metadata | None,
+    ) -> Any:
+        """:meth:`call`, with ``metadata`` sent and the reply's trailers put in
+        ``trailers``."""
+        pending = _Pending(trailers)
+        call_id, entry = await self._send_call(method, args, kwargs, metadata, pending)
         try:
             await pending.event.wait()
         except BaseException:
-            if self._forget(call_id) is not None and not Outbox.withdraw(entry):
-                self._outbox.put_now(Cancel(call_id).encode())
+            self._withdraw(call_id, entry)
             raise
         outcome = pending.outcome
         if type(outcome) is Result:
@@ -256,8 +285,9 @@ class Client:
         await self._own_deadline_first(outcome)
         self._raise_outcome(method, outcome)
 
-    @asynccontextmanager
-    async def stream(self, method: str, /, *args: Any, **kwargs: Any) -> AsyncIterator[Stream]:
+    def stream(
+        self, method: str, /, *args: Any, **kwargs: Any
+    ) -> AbstractAsyncContextManager[Stream]:
         """Call ``method``, an async generator on the server, and iterate over
         the items it yields: ``async with client.stream("m") as items: async for
         item in items: ...``.
@@ -272,26 +302,64 @@ class Client:
             the errors of :meth:`call` (when the block is entered, or while
             iterating); BadCallError: ``method`` is not a generator.
         """
-        self._check(method)
-        call_id = self._next_id
-        self._next_id = call_id + 1
-        message = Call(call_id, method, list(args), kwargs, self._timeout(), True).encode()
-        pending = _StreamPending(self._window)
-        try:
-            entry = await self._outbox.put(message, partial(self._refused, call_id))
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
-            raise self._unavailable(method, self._ended or exc) from exc
-        self._calls[call_id] = pending
+        return self._stream(method, args, kwargs, None, None)
+
+    @asynccontextmanager
+    async def _stream(
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        metadata: Metadata | None,
+        trailers: Metadata | None,
+    ) -> AsyncIterator[Stream]:
+        """:meth:`stream`, with ``metadata`` sent and the final reply's trailers
+        put in ``trailers``."""
+        pending = _StreamPending(self._window, trailers)
+        call_id, entry = await self._send_call(method, args, kwargs, metadata, pending)
         self._outbox.put_now(Credit(call_id, self._window).encode())
         stream = Stream(self, method, call_id, pending, self._window)
         try:
             yield stream
         finally:
             stream._ended = True
-            if self._forget(call_id) is not None and not Outbox.withdraw(entry):
-                self._outbox.put_now(Cancel(call_id).encode())
+            self._withdraw(call_id, entry)
             if pending.outcome is None:  # a task waiting for an item wakes up
                 pending.finish(anyio.ClosedResourceError())
+
+    async def _send_call(
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        metadata: Metadata | None,
+        pending: _Pending,
+    ) -> tuple[int, Entry]:
+        """Queue the CALL of a call (a stream if ``pending`` is a stream's),
+        whose reply goes to ``pending``; return its id and its outbox entry.
+
+        Raises:
+            the errors of :meth:`call` raised before the call is sent.
+        """
+        self._check(method)
+        call_id = self._next_id
+        self._next_id = call_id + 1
+        stream = type(pending) is _StreamPending
+        message = Call(
+            call_id, method, list(args), kwargs, self._timeout(), stream, metadata
+        ).encode()
+        try:
+            entry = await self._outbox.put(message, partial(self._refused, call_id))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise self._unavailable(method, self._ended or exc) from exc
+        self._calls[call_id] = pending
+        return call_id, entry
+
+    def _withdraw(self, call_id: int, entry: Entry) -> None:
+        """The caller left a call before its reply: forget it, and take its CALL
+        back from the outbox, or else cancel it on the server."""
+        if self._forget(call_id) is not None and not Outbox.withdraw(entry):
+            self._outbox.put_now(Cancel(call_id).encode())
 
     async def _own_deadline_first(self, outcome: Result | ErrorReply | BaseException) -> None:
         """When the server reports the call's deadline and the caller's own deadline
@@ -312,7 +380,10 @@ class Client:
     ) -> NoReturn:
         assert type(outcome) is not Result
         if type(outcome) is ErrorReply:
-            raise error_for(method, outcome.code, outcome.type, outcome.message)
+            error = error_for(method, outcome.code, outcome.type, outcome.message)
+            if outcome.trailers:
+                error.trailers = dict(outcome.trailers)
+            raise error
         if isinstance(outcome, LocalProtocolError):
             raise outcome
         assert isinstance(outcome, BaseException)
@@ -341,9 +412,19 @@ class Client:
             UnavailableError: the connection ended.
             anyio.ClosedResourceError: the client was closed.
         """
+        await self._notify(method, args, kwargs, None)
+
+    async def _notify(
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        metadata: Metadata | None,
+    ) -> None:
+        """:meth:`notify`, with ``metadata`` sent."""
         self._check(method)
         try:
-            await self._outbox.put(Notify(method, list(args), kwargs).encode())
+            await self._outbox.put(Notify(method, list(args), kwargs, metadata).encode())
         except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
             raise self._unavailable(method, self._ended or exc) from exc
 
@@ -387,6 +468,8 @@ class Client:
                 if type(reply) is Result or type(reply) is ErrorReply:
                     pending = self._forget(reply.id)
                     if pending is not None:  # else: cancelled, or a stray reply
+                        if reply.trailers is not None and pending.trailers is not None:
+                            pending.trailers.update(reply.trailers)
                         pending.finish(reply)
                 elif type(reply) is Item:
                     stream = calls.get(reply.id)
@@ -433,6 +516,46 @@ class Client:
         if self._closed and isinstance(error, anyio.ClosedResourceError):
             return anyio.ClosedResourceError()
         return UnavailableError(method, type(error).__name__, str(error) or "connection ended")
+
+
+@final
+class WithMetadata:
+    """Calls through a :class:`Client` that carry metadata (see
+    :meth:`Client.with_metadata`): :meth:`call`, :meth:`stream` and
+    :meth:`notify` are the client's, raising the same errors."""
+
+    __slots__ = ("_client", "_metadata", "_trailers")
+
+    def __init__(self, client: Client, metadata: Metadata, trailers: Metadata | None) -> None:
+        self._client = client
+        self._metadata = metadata
+        self._trailers = trailers
+
+    async def call(self, method: str, /, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`Client.call`, with the metadata.
+
+        Raises:
+            the errors of :meth:`Client.call`.
+        """
+        return await self._client._call(method, args, kwargs, self._metadata, self._trailers)
+
+    def stream(
+        self, method: str, /, *args: Any, **kwargs: Any
+    ) -> AbstractAsyncContextManager[Stream]:
+        """:meth:`Client.stream`, with the metadata.
+
+        Raises:
+            the errors of :meth:`Client.stream`.
+        """
+        return self._client._stream(method, args, kwargs, self._metadata, self._trailers)
+
+    async def notify(self, method: str, /, *args: Any, **kwargs: Any) -> None:
+        """:meth:`Client.notify`, with the metadata.
+
+        Raises:
+            the errors of :meth:`Client.notify`.
+        """
+        await self._client._notify(method, args, kwargs, self._metadata)
 
 
 async def _refuse(comm: Comm, error: ProtocolViolation) -> None:

@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import math
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Final
 
 from anyio.streams.tls import TLSAttribute
 
 from .._compat import final
+from ._protocol import Metadata, check_metadata
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Coroutine, Generator
+    from collections.abc import Callable, Coroutine, Generator, Mapping
     from contextvars import Context
 
     from .._comm import Comm
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["CallContext", "InContext", "current_call"]
 
 _NO_DEFAULT: Any = object()
+_NO_METADATA: Final[Mapping[str, str | bytes]] = MappingProxyType({})
 
 
 @final
@@ -40,9 +43,11 @@ class CallContext:
     Attributes:
         method: the name the caller called.
         id: the caller's number for the call (``None`` for a notification).
+        metadata: what the caller sent with the call (a read-only map of str
+            keys to str or bytes values; empty if it sent none).
     """
 
-    __slots__ = ("_clock", "_comm", "_deadline", "id", "method")
+    __slots__ = ("_clock", "_comm", "_deadline", "_trailers", "id", "metadata", "method")
 
     def __init__(
         self,
@@ -51,12 +56,35 @@ class CallContext:
         comm: Comm,
         deadline: float,
         clock: Callable[[], float],
+        metadata: Metadata | None = None,
     ) -> None:
         self.method = method
         self.id = call_id
         self._comm = comm
         self._deadline = deadline
         self._clock = clock
+        #: the metadata the caller sent with the call (read-only; empty if none)
+        self.metadata: Mapping[str, str | bytes] = (
+            _NO_METADATA if metadata is None else MappingProxyType(metadata)
+        )
+        self._trailers: Metadata = {}
+
+    @property
+    def trailers(self) -> Mapping[str, str | bytes]:
+        """The trailers set so far, read-only (see :meth:`set_trailer`)."""
+        return MappingProxyType(self._trailers)
+
+    def set_trailer(self, key: str, value: str | bytes) -> None:
+        """Send ``key: value`` back with the call's reply (its result or its
+        error), to a caller that sent metadata (see the RPC guide); a
+        notification's go nowhere. Setting a key again replaces its value.
+
+        Raises:
+            ValueError: the key is not a non-empty str of at most 128
+                characters, the value not a str or bytes, or the trailers
+                would exceed the limits of metadata (64 entries, 16 KiB).
+        """
+        self._trailers = check_metadata({**self._trailers, key: value}, "trailers")
 
     @property
     def peer_address(self) -> str:

@@ -48,6 +48,8 @@ class RPCError(CommError):
         remote_type: the server's name for what went wrong (for
             :exc:`RemoteError`, the class name of the handler's exception).
         remote_message: the server's message.
+        trailers: what the handler sent back with the error, for a call made
+            with metadata (``Client.with_metadata``); empty otherwise.
     """
 
     # (not annotated: typing.get_type_hints() would look ErrorCode up in
@@ -58,13 +60,18 @@ class RPCError(CommError):
         self.method = method
         self.remote_type = remote_type
         self.remote_message = remote_message
+        self.trailers: dict[str, str | bytes] = {}
         super().__init__(self._describe())
 
     def _describe(self) -> str:
         return f"{self.method}(): {self.remote_type}: {self.remote_message}"
 
     def __reduce__(self) -> tuple[object, ...]:
-        return type(self), (self.method, self.remote_type, self.remote_message)
+        return (
+            type(self),
+            (self.method, self.remote_type, self.remote_message),
+            {"trailers": self.trailers},
+        )
 
 
 class RemoteError(RPCError):

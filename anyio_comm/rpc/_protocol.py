@@ -1,17 +1,17 @@
 """The RPC messages: ordinary anyio-comm messages, each a MessagePack array
 whose first item says its kind (docs/guides/rpc.md, "Wire format").
 
-========== ===================================================== =========
-kind       items                                                 sent by
-========== ===================================================== =========
-0 CALL     ``0, id, method, args, kwargs, timeout, stream``      client
-1 RESULT   ``1, id, value``                                      server
-2 ERROR    ``2, id, code, type, message``                        server
-3 CANCEL   ``3, id``                                             client
-4 NOTIFY   ``4, method, args, kwargs``                           client
-5 ITEM     ``5, id, value``                                      server
-6 CREDIT   ``6, id, count``                                      client
-========== ===================================================== =========
+========== ============================================================= =========
+kind       items                                                         sent by
+========== ============================================================= =========
+0 CALL     ``0, id, method, args, kwargs, timeout, stream[, metadata]``  client
+1 RESULT   ``1, id, value[, trailers]``                                  server
+2 ERROR    ``2, id, code, type, message[, trailers]``                    server
+3 CANCEL   ``3, id``                                                     client
+4 NOTIFY   ``4, method, args, kwargs[, metadata]``                       client
+5 ITEM     ``5, id, value``                                              server
+6 CREDIT   ``6, id, count``                                              client
+========== ============================================================= =========
 
 ``id`` is the client's number for the call (an unsigned 64-bit integer, never
 reused on one connection while the call runs); ``args`` an array, ``kwargs`` a
@@ -21,17 +21,25 @@ client wants the results as a stream. A streaming call's results come as ITEM
 messages, each allowed by a CREDIT (its CALL grants none: the client sends
 CREDIT as it wants items), and it ends with a RESULT (nil) or an ERROR. Every
 CALL gets exactly one RESULT or ERROR, unless the client cancelled it (CANCEL):
-then it may get one or none. Nothing here does I/O.
+then it may get one or none. ``metadata`` and ``trailers`` are maps of str keys
+to str or bytes values (:func:`check_metadata` bounds them); a reply carries
+trailers only if its CALL carried metadata. Items beyond those of a message's
+kind are ignored, so that later additions reach older peers harmlessly. Nothing
+here does I/O.
 """
 
 from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
 __all__ = [
+    "MAX_METADATA_BYTES",
+    "MAX_METADATA_ENTRIES",
+    "MAX_METADATA_KEY",
     "Call",
     "Cancel",
     "Credit",
@@ -41,10 +49,55 @@ __all__ = [
     "Notify",
     "ProtocolViolation",
     "Result",
+    "check_metadata",
     "decode",
 ]
 
 MAX_ID: Final = 2**64 - 1
+#: metadata (or trailers) of one call: at most this many entries ...
+MAX_METADATA_ENTRIES: Final = 64
+#: ... keys of at most this many characters ...
+MAX_METADATA_KEY: Final = 128
+#: ... and this many bytes of keys (UTF-8) and values in all
+MAX_METADATA_BYTES: Final = 16 * 1024
+
+#: metadata and trailers as they travel
+Metadata = dict[str, str | bytes]
+
+
+def check_metadata(metadata: object, what: str = "metadata") -> Metadata:
+    """``metadata`` as a dict, if it is a map of str keys (non-empty, at most
+    :data:`MAX_METADATA_KEY` characters) to str or bytes values, within
+    :data:`MAX_METADATA_ENTRIES` entries and :data:`MAX_METADATA_BYTES` bytes.
+
+    Raises:
+        ValueError: it is not, saying why (``what`` names it).
+    """
+    if not isinstance(metadata, dict):
+        if not isinstance(metadata, Mapping):
+            raise ValueError(f"{what} must be a map, not {type(metadata).__name__}")
+        metadata = dict(metadata)
+    if len(metadata) > MAX_METADATA_ENTRIES:
+        raise ValueError(f"{what} has {len(metadata)} entries, more than {MAX_METADATA_ENTRIES}")
+    size = 0
+    for key, value in metadata.items():
+        if type(key) is not str or not 0 < len(key) <= MAX_METADATA_KEY:
+            raise ValueError(
+                f"{what} keys must be non-empty strs of at most {MAX_METADATA_KEY} characters,"
+                f" not {key!r:.40}"
+            )
+        if type(value) is str:
+            size += len(value.encode("utf-8", "surrogatepass"))
+        elif type(value) is bytes:
+            size += len(value)
+        else:
+            raise ValueError(
+                f"{what} values must be str or bytes, not {type(value).__name__} (key {key!r})"
+            )
+        size += len(key.encode("utf-8", "surrogatepass"))
+    if size > MAX_METADATA_BYTES:
+        raise ValueError(f"{what} holds {size} bytes, more than {MAX_METADATA_BYTES}")
+    return metadata
 
 
 class Kind(enum.IntEnum):
@@ -90,9 +143,11 @@ class Call:
     kwargs: dict[str, Any]
     timeout: float | None
     stream: bool = False
+    #: ``None``: the CALL has no metadata item (a client that sends none)
+    metadata: Metadata | None = None
 
     def encode(self) -> list[Any]:
-        return [
+        message: list[Any] = [
             Kind.CALL,
             self.id,
             self.method,
@@ -101,15 +156,21 @@ class Call:
             self.timeout,
             self.stream,
         ]
+        if self.metadata is not None:
+            message.append(self.metadata)
+        return message
 
 
 @dataclass(frozen=True, slots=True)
 class Result:
     id: int
     value: Any
+    trailers: Metadata | None = None
 
     def encode(self) -> list[Any]:
-        return [Kind.RESULT, self.id, self.value]
+        if self.trailers is None:
+            return [Kind.RESULT, self.id, self.value]
+        return [Kind.RESULT, self.id, self.value, self.trailers]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,9 +179,13 @@ class ErrorReply:
     code: ErrorCode
     type: str
     message: str
+    trailers: Metadata | None = None
 
     def encode(self) -> list[Any]:
-        return [Kind.ERROR, self.id, self.code.value, self.type, self.message]
+        message: list[Any] = [Kind.ERROR, self.id, self.code.value, self.type, self.message]
+        if self.trailers is not None:
+            message.append(self.trailers)
+        return message
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,9 +201,12 @@ class Notify:
     method: str
     args: list[Any]
     kwargs: dict[str, Any]
+    metadata: Metadata | None = None
 
     def encode(self) -> list[Any]:
-        return [Kind.NOTIFY, self.method, self.args, self.kwargs]
+        if self.metadata is None:
+            return [Kind.NOTIFY, self.method, self.args, self.kwargs]
+        return [Kind.NOTIFY, self.method, self.args, self.kwargs, self.metadata]
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,6 +253,17 @@ def _str(value: object, what: str) -> str:
     return value
 
 
+def _metadata(message: list[Any], index: int, what: str) -> Metadata | None:
+    """The optional map at ``message[index]`` (``None`` if the message ends
+    before it)."""
+    if len(message) <= index:
+        return None
+    try:
+        return check_metadata(message[index], what)
+    except ValueError as exc:
+        raise ProtocolViolation(str(exc)) from None
+
+
 def _arguments(args: object, kwargs: object) -> tuple[list[Any], dict[str, Any]]:
     if type(args) is not list:
         raise ProtocolViolation(f"args must be an array, not {type(args).__name__}")
@@ -214,12 +293,13 @@ def _decode(message: object) -> Message:
     kind = message[0]
     if type(kind) is not int or kind not in _LENGTHS:
         raise ProtocolViolation(f"unknown RPC message kind {kind!r}")
-    if len(message) != _LENGTHS[kind]:
+    if len(message) < _LENGTHS[kind]:
         raise ProtocolViolation(
-            f"an RPC message of kind {kind} has {_LENGTHS[kind]} items, not {len(message)}"
+            f"an RPC message of kind {kind} has at least {_LENGTHS[kind]} items,"
+            f" not {len(message)}"
         )
     if kind == Kind.CALL:
-        _, call_id, method, args, kwargs, timeout, stream = message
+        _, call_id, method, args, kwargs, timeout, stream = message[:7]
         args, kwargs = _arguments(args, kwargs)
         if timeout is not None and (
             type(timeout) not in (int, float) or not timeout >= 0 or math.isinf(timeout)
@@ -227,22 +307,36 @@ def _decode(message: object) -> Message:
             raise ProtocolViolation(f"a timeout must be a finite number >= 0, not {timeout!r}")
         if type(stream) is not bool:
             raise ProtocolViolation(f"stream must be true or false, not {stream!r}")
-        return Call(_id(call_id), _str(method, "a method name"), args, kwargs, timeout, stream)
+        return Call(
+            _id(call_id),
+            _str(method, "a method name"),
+            args,
+            kwargs,
+            timeout,
+            stream,
+            _metadata(message, 7, "metadata"),
+        )
     if kind == Kind.RESULT:
-        return Result(_id(message[1]), message[2])
+        return Result(_id(message[1]), message[2], _metadata(message, 3, "trailers"))
     if kind == Kind.ERROR:
-        _, call_id, code, type_name, text = message
+        _, call_id, code, type_name, text = message[:5]
         if type(code) is not str or code not in _CODES:
             raise ProtocolViolation(f"unknown error code {code!r}")
         return ErrorReply(
-            _id(call_id), _CODES[code], _str(type_name, "a type"), _str(text, "a message")
+            _id(call_id),
+            _CODES[code],
+            _str(type_name, "a type"),
+            _str(text, "a message"),
+            _metadata(message, 5, "trailers"),
         )
     if kind == Kind.CANCEL:
         return Cancel(_id(message[1]))
     if kind == Kind.NOTIFY:
-        _, method, args, kwargs = message
+        _, method, args, kwargs = message[:4]
         args, kwargs = _arguments(args, kwargs)
-        return Notify(_str(method, "a method name"), args, kwargs)
+        return Notify(
+            _str(method, "a method name"), args, kwargs, _metadata(message, 4, "metadata")
+        )
     if kind == Kind.ITEM:
         return Item(_id(message[1]), message[2])
     count = message[2]

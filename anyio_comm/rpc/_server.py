@@ -38,6 +38,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import contextvars
+import dataclasses
 import heapq
 import inspect
 import logging
@@ -823,10 +824,10 @@ class Server:
         try:
             if _withdrawn(running):
                 return  # cancelled while it waited in the queue
-            context.run(
-                CURRENT_CALL.set,
-                CallContext(call.method, call.id, session.comm, running.deadline, session.clock),
+            about = CallContext(
+                call.method, call.id, session.comm, running.deadline, session.clock, call.metadata
             )
+            context.run(CURRENT_CALL.set, about)
             handled = False  # (a deadline before the handler: it waited past it)
             with session.cancel_scope(deadline=running.deadline) as scope:
                 running.scope = scope
@@ -854,6 +855,8 @@ class Server:
                     if handled
                     else _WAITED_PAST_DEADLINE.format(_name(call.method)),
                 )
+            if call.metadata is not None and about._trailers:
+                reply = dataclasses.replace(reply, trailers=about._trailers)
             await self._reply(session, call, reply)
         finally:
             del session.running[call.id]
@@ -928,7 +931,9 @@ class Server:
         running = work.state
         context.run(
             CURRENT_CALL.set,
-            CallContext(notify.method, None, session.comm, math.inf, session.clock),
+            CallContext(
+                notify.method, None, session.comm, math.inf, session.clock, notify.metadata
+            ),
         )
         await self._take_slot(session, running)
         self._uncharge(session, running)
