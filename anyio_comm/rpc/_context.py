@@ -43,11 +43,9 @@ class CallContext:
     Attributes:
         method: the name the caller called.
         id: the caller's number for the call (``None`` for a notification).
-        metadata: what the caller sent with the call (a read-only map of str
-            keys to str or bytes values; empty if it sent none).
     """
 
-    __slots__ = ("_clock", "_comm", "_deadline", "_trailers", "id", "metadata", "method")
+    __slots__ = ("_clock", "_comm", "_deadline", "_metadata", "_trailers", "id", "method")
 
     def __init__(
         self,
@@ -58,21 +56,27 @@ class CallContext:
         clock: Callable[[], float],
         metadata: Metadata | None = None,
     ) -> None:
+        # (made for every call: only assignments here)
         self.method = method
         self.id = call_id
         self._comm = comm
         self._deadline = deadline
         self._clock = clock
-        #: the metadata the caller sent with the call (read-only; empty if none)
-        self.metadata: Mapping[str, str | bytes] = (
-            _NO_METADATA if metadata is None else MappingProxyType(metadata)
-        )
-        self._trailers: Metadata = {}
+        self._metadata = metadata
+        self._trailers: Metadata | None = None
+
+    @property
+    def metadata(self) -> Mapping[str, str | bytes]:
+        """The metadata the caller sent with the call, a read-only map of str
+        keys to str or bytes values (empty if it sent none)."""
+        metadata = self._metadata
+        return _NO_METADATA if metadata is None else MappingProxyType(metadata)
 
     @property
     def trailers(self) -> Mapping[str, str | bytes]:
         """The trailers set so far, read-only (see :meth:`set_trailer`)."""
-        return MappingProxyType(self._trailers)
+        trailers = self._trailers
+        return _NO_METADATA if trailers is None else MappingProxyType(trailers)
 
     def set_trailer(self, key: str, value: str | bytes) -> None:
         """Send ``key: value`` back with the call's reply (its result or its
@@ -84,7 +88,7 @@ class CallContext:
                 characters, the value not a str or bytes, or the trailers
                 would exceed the limits of metadata (64 entries, 16 KiB).
         """
-        self._trailers = check_metadata({**self._trailers, key: value}, "trailers")
+        self._trailers = check_metadata({**(self._trailers or {}), key: value}, "trailers")
 
     @property
     def peer_address(self) -> str:

@@ -253,13 +253,10 @@ def _str(value: object, what: str) -> str:
     return value
 
 
-def _metadata(message: list[Any], index: int, what: str) -> Metadata | None:
-    """The optional map at ``message[index]`` (``None`` if the message ends
-    before it)."""
-    if len(message) <= index:
-        return None
+def _metadata(value: object, what: str) -> Metadata:
+    """A message's metadata or trailers item, checked."""
     try:
-        return check_metadata(message[index], what)
+        return check_metadata(value, what)
     except ValueError as exc:
         raise ProtocolViolation(str(exc)) from None
 
@@ -299,7 +296,7 @@ def _decode(message: object) -> Message:
             f" not {len(message)}"
         )
     if kind == Kind.CALL:
-        _, call_id, method, args, kwargs, timeout, stream = message[:7]
+        _, call_id, method, args, kwargs, timeout, stream, *more = message
         args, kwargs = _arguments(args, kwargs)
         if timeout is not None and (
             type(timeout) not in (int, float) or not timeout >= 0 or math.isinf(timeout)
@@ -314,12 +311,14 @@ def _decode(message: object) -> Message:
             kwargs,
             timeout,
             stream,
-            _metadata(message, 7, "metadata"),
+            _metadata(more[0], "metadata") if more else None,
         )
     if kind == Kind.RESULT:
-        return Result(_id(message[1]), message[2], _metadata(message, 3, "trailers"))
+        if len(message) == 3:
+            return Result(_id(message[1]), message[2])
+        return Result(_id(message[1]), message[2], _metadata(message[3], "trailers"))
     if kind == Kind.ERROR:
-        _, call_id, code, type_name, text = message[:5]
+        _, call_id, code, type_name, text, *more = message
         if type(code) is not str or code not in _CODES:
             raise ProtocolViolation(f"unknown error code {code!r}")
         return ErrorReply(
@@ -327,15 +326,18 @@ def _decode(message: object) -> Message:
             _CODES[code],
             _str(type_name, "a type"),
             _str(text, "a message"),
-            _metadata(message, 5, "trailers"),
+            _metadata(more[0], "trailers") if more else None,
         )
     if kind == Kind.CANCEL:
         return Cancel(_id(message[1]))
     if kind == Kind.NOTIFY:
-        _, method, args, kwargs = message[:4]
+        _, method, args, kwargs, *more = message
         args, kwargs = _arguments(args, kwargs)
         return Notify(
-            _str(method, "a method name"), args, kwargs, _metadata(message, 4, "metadata")
+            _str(method, "a method name"),
+            args,
+            kwargs,
+            _metadata(more[0], "metadata") if more else None,
         )
     if kind == Kind.ITEM:
         return Item(_id(message[1]), message[2])
