@@ -15,7 +15,7 @@ import pytest
 from anyio.abc import SocketAttribute
 
 import anyio_comm
-from anyio_comm import Comm, _cancellation
+from anyio_comm import Comm, _cancellation, rpc
 from anyio_comm._backend import current_backend
 from anyio_comm.testing import comm_pair
 
@@ -81,6 +81,20 @@ async def listen_arguments(
             {"ssl_context": server_context()},
             {"ssl_context": client_context()},
         )
+
+
+@asynccontextmanager
+async def rpc_server_and_client(
+    kind: str, methods: Any, **serve_arguments: Any
+) -> AsyncIterator[tuple[rpc.Server, rpc.Client]]:
+    """An RPC server of ``methods`` listening over ``kind`` (as
+    :func:`listen_arguments`), and a client connected to it."""
+    async with listen_arguments(kind) as (address, server_kwargs, client_kwargs):
+        async with (
+            rpc.serve(address, methods, **server_kwargs, **serve_arguments) as server,
+            rpc.connect(server.address, timeout=10, **client_kwargs) as client,
+        ):
+            yield server, client
 
 
 @asynccontextmanager

@@ -21,7 +21,7 @@ from anyio_comm import rpc
 from anyio_comm._sansio.close import CloseCode
 from anyio_comm.rpc._protocol import Call, ErrorCode, decode
 
-from .helpers import ADDRESS_TRANSPORTS, listen_arguments
+from .helpers import ADDRESS_TRANSPORTS, rpc_server_and_client
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -105,12 +105,8 @@ async def server_and_client(
     kind: str = "tcp", methods: Any = None, **serve_arguments: Any
 ) -> AsyncIterator[tuple[rpc.Server, rpc.Client, Methods]]:
     methods = methods or Methods()
-    async with listen_arguments(kind) as (address, server_kwargs, client_kwargs):
-        async with (
-            rpc.serve(address, methods, **server_kwargs, **serve_arguments) as server,
-            rpc.connect(server.address, timeout=10, **client_kwargs) as client,
-        ):
-            yield server, client, methods
+    async with rpc_server_and_client(kind, methods, **serve_arguments) as (server, client):
+        yield server, client, methods
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -17,7 +17,7 @@ from anyio import TypedAttributeSet, typed_attribute
 from anyio_comm import CommAttribute, rpc
 
 from .certs import client_context, server_context
-from .helpers import ADDRESS_TRANSPORTS, listen_arguments
+from .helpers import ADDRESS_TRANSPORTS, rpc_server_and_client
 
 pytestmark = pytest.mark.anyio
 
@@ -87,57 +87,48 @@ class Methods:
 async def test_a_handler_sees_its_own_call(kind: str) -> None:
     methods = Methods()
     with anyio.fail_after(20):
-        async with listen_arguments(kind) as (address, server_kwargs, client_kwargs):
-            async with (
-                rpc.serve(address, methods, **server_kwargs) as server,
-                rpc.connect(server.address, timeout=10, **client_kwargs) as client,
-            ):
-                ours = client.comm.local_address
-                with anyio.CancelScope(shield=True):  # (no deadline goes with it)
-                    plain = await client.call("plain")
-                assert plain == {
-                    "method": "plain",
-                    "id": plain["id"],
-                    "peer": ours,
-                    "peer_attribute": ours,
-                    "certificate": None,
-                    "deadline": math.inf,
-                    "remaining": math.inf,
-                }
-                assert isinstance(plain["id"], int)
+        async with rpc_server_and_client(kind, methods) as (_server, client):
+            ours = client.comm.local_address
+            with anyio.CancelScope(shield=True):  # (no deadline goes with it)
+                plain = await client.call("plain")
+            assert plain == {
+                "method": "plain",
+                "id": plain["id"],
+                "peer": ours,
+                "peer_attribute": ours,
+                "certificate": None,
+                "deadline": math.inf,
+                "remaining": math.inf,
+            }
+            assert isinstance(plain["id"], int)
 
-                with anyio.fail_after(5):
-                    timed = await client.call("coroutine", 0.01)
-                assert timed["method"] == "coroutine"
-                assert timed["id"] != plain["id"]
-                assert timed["deadline"] < math.inf
-                assert 4.0 < timed["remaining"] <= 5.0
+            with anyio.fail_after(5):
+                timed = await client.call("coroutine", 0.01)
+            assert timed["method"] == "coroutine"
+            assert timed["id"] != plain["id"]
+            assert timed["deadline"] < math.inf
+            assert 4.0 < timed["remaining"] <= 5.0
 
-                child = await client.call("in_a_task")
-                assert child["method"] == "in_a_task"
+            child = await client.call("in_a_task")
+            assert child["method"] == "in_a_task"
 
-                async with client.stream("items", 3) as items:
-                    seen = [item async for item in items]
-                assert {(item["method"], item["id"]) for item in seen} == {
-                    ("items", seen[0]["id"])
-                }
+            async with client.stream("items", 3) as items:
+                seen = [item async for item in items]
+            assert {(item["method"], item["id"]) for item in seen} == {("items", seen[0]["id"])}
 
-                await client.notify("notice")
-                await methods.noticed.wait()
-                assert methods.notified[0]["method"] == "notice"
-                assert methods.notified[0]["id"] is None
-                assert methods.notified[0]["deadline"] == math.inf
+            await client.notify("notice")
+            await methods.noticed.wait()
+            assert methods.notified[0]["method"] == "notice"
+            assert methods.notified[0]["id"] is None
+            assert methods.notified[0]["deadline"] == math.inf
 
-                assert await client.call("missing") == "default"
+            assert await client.call("missing") == "default"
 
 
 async def test_calls_at_once_each_see_their_own() -> None:
     methods = Methods()
     with anyio.fail_after(20):
-        async with (
-            rpc.serve("tcp://127.0.0.1:0", methods) as server,
-            rpc.connect(server.address) as client,
-        ):
+        async with rpc_server_and_client("tcp", methods) as (_server, client):
             results: list[dict[str, Any]] = []
 
             async def one(pause: float) -> None:

@@ -31,7 +31,7 @@ from anyio_comm.rpc._protocol import (
     decode,
 )
 
-from .helpers import ADDRESS_TRANSPORTS, listen_arguments
+from .helpers import ADDRESS_TRANSPORTS, rpc_server_and_client
 
 pytestmark = pytest.mark.anyio
 
@@ -81,41 +81,37 @@ async def test_metadata_goes_and_trailers_come_back(kind: str) -> None:
     methods = Methods()
     sent = {"authorization": "Bearer x", "trace": b"\x01\x02", "tag": "t"}
     with anyio.fail_after(20):
-        async with listen_arguments(kind) as (address, server_kwargs, client_kwargs):
-            async with (
-                rpc.serve(address, methods, **server_kwargs) as server,
-                rpc.connect(server.address, timeout=10, **client_kwargs) as client,
-            ):
-                trailers: dict[str, str | bytes] = {}
-                tagged = client.with_metadata(sent, trailers=trailers)
-                assert await tagged.call("echo") == sent
-                assert trailers == {"served-by": "here", "count": "3"}
+        async with rpc_server_and_client(kind, methods) as (_server, client):
+            trailers: dict[str, str | bytes] = {}
+            tagged = client.with_metadata(sent, trailers=trailers)
+            assert await tagged.call("echo") == sent
+            assert trailers == {"served-by": "here", "count": "3"}
 
-                trailers.clear()
-                with pytest.raises(rpc.RemoteError) as info:
-                    await tagged.call("refuse")
-                assert info.value.remote_type == "PermissionError"
-                assert info.value.trailers == {"reason": b"\x00binary"}
-                assert trailers == {"reason": b"\x00binary"}
+            trailers.clear()
+            with pytest.raises(rpc.RemoteError) as info:
+                await tagged.call("refuse")
+            assert info.value.remote_type == "PermissionError"
+            assert info.value.trailers == {"reason": b"\x00binary"}
+            assert trailers == {"reason": b"\x00binary"}
 
-                trailers.clear()
-                async with tagged.stream("items", 3) as items:
-                    assert [item async for item in items] == ["t", "t", "t"]
-                assert trailers == {"items": "3"}
+            trailers.clear()
+            async with tagged.stream("items", 3) as items:
+                assert [item async for item in items] == ["t", "t", "t"]
+            assert trailers == {"items": "3"}
 
-                await tagged.notify("notice")
-                await methods.noticed.wait()
-                assert methods.notified == [sent]
+            await tagged.notify("notice")
+            await methods.noticed.wait()
+            assert methods.notified == [sent]
 
-                # without metadata: none seen, no trailers sent back
-                assert await client.call("echo") == {}
-                with pytest.raises(rpc.RemoteError) as info:
-                    await client.call("refuse")
-                assert info.value.trailers == {}
-                # with an empty map: trailers come back
-                trailers.clear()
-                assert await client.with_metadata(trailers=trailers).call("echo") == {}
-                assert trailers == {"served-by": "here", "count": "0"}
+            # without metadata: none seen, no trailers sent back
+            assert await client.call("echo") == {}
+            with pytest.raises(rpc.RemoteError) as info:
+                await client.call("refuse")
+            assert info.value.trailers == {}
+            # with an empty map: trailers come back
+            trailers.clear()
+            assert await client.with_metadata(trailers=trailers).call("echo") == {}
+            assert trailers == {"served-by": "here", "count": "0"}
 
 
 async def test_a_call_without_metadata_gets_a_reply_without_trailers() -> None:
@@ -205,10 +201,7 @@ async def test_metadata_over_the_limits_is_refused_before_sending(
     metadata: Any, match: str
 ) -> None:
     with anyio.fail_after(20):
-        async with (
-            rpc.serve("tcp://127.0.0.1:0", Methods()) as server,
-            rpc.connect(server.address) as client,
-        ):
+        async with rpc_server_and_client("tcp", Methods()) as (_server, client):
             with pytest.raises(ValueError, match=match):
                 client.with_metadata(metadata)
             assert await client.call("echo") == {}  # the connection goes on
@@ -216,10 +209,7 @@ async def test_metadata_over_the_limits_is_refused_before_sending(
 
 async def test_trailers_over_the_limits_are_refused_in_the_handler() -> None:
     with anyio.fail_after(20):
-        async with (
-            rpc.serve("tcp://127.0.0.1:0", Methods()) as server,
-            rpc.connect(server.address) as client,
-        ):
+        async with rpc_server_and_client("tcp", Methods()) as (_server, client):
             trailers: dict[str, str | bytes] = {}
             message = await client.with_metadata(trailers=trailers).call("overfull")
             assert "more than 64" in message

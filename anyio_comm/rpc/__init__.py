@@ -33,6 +33,7 @@ from ._errors import (
     RPCError,
     UnavailableError,
 )
+from ._health import HEALTH_METHOD, HealthStatus
 from ._outbox import DEFAULT_LIMIT as _DEFAULT_LIMIT
 from ._pool import Pool
 from ._server import Server, serve
@@ -43,10 +44,12 @@ if _TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_STREAM_WINDOW",
+    "HEALTH_METHOD",
     "BadCallError",
     "CallContext",
     "Client",
     "DeadlineExceededError",
+    "HealthStatus",
     "InvalidArgumentsError",
     "MethodNotFoundError",
     "OverloadedError",

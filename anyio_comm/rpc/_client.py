@@ -16,6 +16,7 @@ from .._compat import final
 from .._sansio.close import CloseCode, CloseReason
 from .._sansio.errors import LocalProtocolError
 from ._errors import RPCError, UnavailableError, error_for
+from ._health import HEALTH_METHOD, HealthStatus
 from ._outbox import DEFAULT_LIMIT, Entry, Outbox
 from ._protocol import (
     Call,
@@ -238,6 +239,25 @@ class Client:
             anyio.ClosedResourceError: the client was closed.
         """
         return await self._call(method, args, kwargs, None, None)
+
+    async def check_health(self, service: str = "") -> HealthStatus:
+        """Ask the server's health service whether it serves (``service`` ``""``,
+        the default: as a whole), as load balancers do. The server answers at
+        once, whatever its calls do; the call's deadline and errors are
+        :meth:`call`'s.
+
+        Raises:
+            MethodNotFoundError: the server has no health service (it predates
+                it).
+            ValueError: the server answered with a status this client does not
+                know.
+            RPCError: the other errors of :meth:`call`.
+        """
+        status = await self.call(HEALTH_METHOD, service)
+        try:
+            return HealthStatus(status)
+        except ValueError:
+            raise ValueError(f"the server's health service answered {status!r:.100}") from None
 
     def with_metadata(
         self,

@@ -57,6 +57,7 @@ from .._listener import listen
 from .._sansio.close import CloseCode, CloseReason
 from .._sansio.errors import LocalProtocolError, SerializationError
 from ._context import CURRENT_CALL, CallContext, InContext
+from ._health import HEALTH_METHOD, HealthStatus
 from ._outbox import DEFAULT_LIMIT, Outbox
 from ._protocol import (
     Call,
@@ -142,6 +143,8 @@ def _methods(handlers: Mapping[str, Callable[..., Any]] | object) -> dict[str, C
             raise TypeError(f"method names must be str, not {type(name).__name__}")
         if not callable(method):
             raise TypeError(f"the handler of {name!r} is not callable")
+        if name == HEALTH_METHOD:
+            raise ValueError(f"{HEALTH_METHOD!r} is the health service's method name")
     return methods
 
 
@@ -421,6 +424,8 @@ class Server:
         self._sessions: set[_Session] = set()
         self._stopping = False
         self._idle = anyio.Event()  # set while no task runs, once stopping
+        #: what the health service says of the server ("") and of named services
+        self._serving: dict[str, bool] = {"": True}
 
     @property
     def listener(self) -> Listener:
@@ -437,6 +442,39 @@ class Server:
     def calls_running(self) -> int:
         """The calls and notifications whose handler runs now, on all connections."""
         return self._slots.total - self._slots.free
+
+    def set_serving(self, serving: bool, service: str = "") -> None:
+        """What the health service answers (:meth:`Client.check_health
+        <anyio_comm.rpc.Client.check_health>`) for ``service``: serving or not;
+        ``""``, the default, is the server as a whole, serving from the start.
+        A name set here becomes known to the service (others are
+        ``UNKNOWN``). Once :meth:`shutdown` began, every answer is
+        ``NOT_SERVING``. Calls are taken either way: this only says what the
+        health service answers.
+
+        Raises:
+            TypeError: ``service`` is not a str.
+        """
+        if not isinstance(service, str):
+            raise TypeError(f"a service's name is a str, not {type(service).__name__}")
+        self._serving[service] = bool(serving)
+
+    def _health(self, call: Call) -> Result | ErrorReply:
+        """The health service's answer to ``call`` (see :mod:`._health`)."""
+        args = call.args
+        if call.stream:
+            return _refusal(call, ErrorCode.BAD_CALL, f"{HEALTH_METHOD} does not stream")
+        if call.kwargs or len(args) > 1 or (args and type(args[0]) is not str):
+            text = f"{HEALTH_METHOD} takes one optional str, a service's name"
+            return ErrorReply(call.id, ErrorCode.INVALID_ARGUMENTS, "TypeError", text)
+        serving = self._serving.get(args[0] if args else "")
+        if serving is None:
+            status = HealthStatus.UNKNOWN
+        elif serving and not self._stopping:
+            status = HealthStatus.SERVING
+        else:
+            status = HealthStatus.NOT_SERVING
+        return Result(call.id, status.value)
 
     async def shutdown(self, grace_period: float = 0.0) -> None:
         """Stop: accept no more connections, answer new calls with
@@ -560,8 +598,14 @@ class Server:
 
     def _start(self, session: _Session, call: Call, held: int) -> _Invocation[Call] | None:
         """Refuse ``call`` (giving back the ``held`` bytes of the budget its
-        message came with), or return it, to be charged and queued."""
+        message came with), answer it at once (the health service), or return
+        it, to be charged and queued."""
         method = self._methods.get(call.method)
+        if method is None and call.method == HEALTH_METHOD:
+            if held:
+                session.keeper.release(held)  # type: ignore[union-attr]
+            session.outbox.put_now(self._health(call).encode())
+            return None
         refusal: tuple[ErrorCode, str] | None = None
         if method is None:
             refusal = ErrorCode.METHOD_NOT_FOUND, f"no method {_name(call.method)}"
@@ -992,7 +1036,9 @@ async def serve(
             that is not a str.
         ValueError: ``max_calls_per_connection``, ``max_calls`` or
             ``max_queued`` is below 1, ``max_waiting_per_connection`` is
-            negative, or ``overload`` is neither value.
+            negative, ``overload`` is neither value, or ``handlers`` has a
+            method named ``rpc.health`` (the health service's: see
+            :meth:`Server.set_serving`).
     """
     if min(max_calls_per_connection, max_calls, max_queued) < 1 or max_waiting_per_connection < 0:
         raise ValueError(
