@@ -37,6 +37,7 @@ nitpick_ignore_regex = [
     (r"py:.*", r"(msgpack|pickle)\..*"),
     (r"py:.*", r"(Buffer|Any|Awaitable|Callable|AsyncIterator|Iterable|Mapping|Sequence)"),
     (r"py:.*", r"(NoReturn|TaskStatus|ByteStream|ObjectStream|SSLContext|Limits|Comm|Listener)"),
+    (r"py:.*", r"(OptionsKeywords|AbstractAsyncContextManager|Coroutine)"),
     (r"py:.*", r"(Handshake|Allocator|Handler|MemoryByteStream|bytes|int|float|str|bool|None)"),
     (r"py:.*", r"(BrokenResourceError|ClosedResourceError|EndOfStream|BusyResourceError)"),
     (r"py:.*", r"(TimeoutError|OSError|ValueError|TypeError|NotImplementedError|T_co|T)"),

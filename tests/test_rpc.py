@@ -8,6 +8,7 @@ import math
 import random
 import time
 from contextlib import asynccontextmanager, suppress
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -21,7 +22,7 @@ from anyio_comm import rpc
 from anyio_comm._sansio.close import CloseCode
 from anyio_comm.rpc._protocol import Call, ErrorCode, decode
 
-from .helpers import ADDRESS_TRANSPORTS, rpc_server_and_client
+from .helpers import ADDRESS_TRANSPORTS, listen_arguments, rpc_server_and_client
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
@@ -1013,3 +1014,40 @@ async def test_pool_wait_timeout_does_not_cut_a_connection_short(tmp_path: Any) 
                     while not result:
                         await anyio.sleep(0.01)
             assert result == [2]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+async def test_serve_in_a_task_group(kind: str) -> None:
+    """``await task_group.start(rpc.serve, ...)`` returns the server once it
+    listens; it serves until shut down (the task then ends by itself) or
+    cancelled."""
+    with anyio.fail_after(20):
+        async with listen_arguments(kind) as (address, server_kwargs, client_kwargs):
+            async with anyio.create_task_group() as tg:
+                server = await tg.start(
+                    partial(rpc.serve, address, Methods(), max_calls=5, **server_kwargs)
+                )
+                assert isinstance(server, rpc.Server)
+                async with rpc.connect(server.address, timeout=10, **client_kwargs) as client:
+                    assert await client.call("add", 1, 2) == 3
+                await server.shutdown(1)
+            # (the task group ended without being cancelled: the task returned)
+            async with anyio.create_task_group() as tg:
+                server = await tg.start(partial(rpc.serve, address, Methods(), **server_kwargs))
+                async with rpc.connect(server.address, timeout=10, **client_kwargs) as client:
+                    assert await client.call("add", 2, 2) == 4
+                tg.cancel_scope.cancel()
+
+
+async def test_serve_and_connect_take_options_by_name() -> None:
+    with pytest.raises(TypeError, match="bogus"):
+        rpc.serve("tcp://127.0.0.1:0", {}, bogus=1)  # type: ignore[call-overload]
+    with pytest.raises(TypeError, match="bogus"):
+        async with rpc.connect("tcp://127.0.0.1:1", bogus=1):  # type: ignore[call-arg]
+            pass
+    options = anyio_comm.Options(idle_timeout=30)
+    async with (
+        rpc.serve("tcp://127.0.0.1:0", Methods(), options=options, message_timeout=5) as server,
+        rpc.connect(server.address, options=options, timeout=10) as client,
+    ):
+        assert await client.call("add", 1, 2) == 3

@@ -20,7 +20,9 @@ from __future__ import annotations
 from contextlib import asynccontextmanager as _asynccontextmanager
 from typing import TYPE_CHECKING as _TYPE_CHECKING
 
+from .._connect import HAPPY_EYEBALLS_DELAY as _HAPPY_EYEBALLS_DELAY
 from .._connect import connect as _connect_comm
+from .._options import resolve_options as _resolve_options
 from ._client import DEFAULT_STREAM_WINDOW, Client, Stream, WithMetadata, open_client
 from ._context import CallContext, current_call
 from ._errors import (
@@ -39,8 +41,11 @@ from ._pool import Pool
 from ._server import Server, serve
 
 if _TYPE_CHECKING:
+    import ssl
     from collections.abc import AsyncIterator
-    from typing import Any
+
+    from .._compat import Unpack
+    from .._options import Options, OptionsKeywords
 
 __all__ = [
     "DEFAULT_STREAM_WINDOW",
@@ -73,7 +78,14 @@ async def connect(
     *,
     max_queued: int = _DEFAULT_LIMIT,
     stream_window: int = DEFAULT_STREAM_WINDOW,
-    **connect_arguments: Any,
+    options: Options | None = None,
+    timeout: float | None = None,
+    retry: bool = False,
+    ssl_context: ssl.SSLContext | None = None,
+    server_hostname: str | None = None,
+    early_data: bool = False,
+    happy_eyeballs_delay: float = _HAPPY_EYEBALLS_DELAY,
+    **keywords: Unpack[OptionsKeywords],
 ) -> AsyncIterator[Client]:
     """Connect to the RPC server at ``address``; a :class:`Client` until the
     block ends.
@@ -82,12 +94,24 @@ async def connect(
         address: the server's address.
         max_queued: messages queued for sending before calls wait for room.
         stream_window: items of a stream the server may send ahead.
-        connect_arguments: passed to :func:`anyio_comm.connect` (``timeout``,
-            ``retry``, ``ssl_context``, options).
+        options: as for :func:`anyio_comm.connect`, and so are ``timeout``,
+            ``retry``, ``ssl_context``, ``server_hostname``, ``early_data``,
+            ``happy_eyeballs_delay`` and the fields of
+            :class:`~anyio_comm.Options` as keywords.
 
     Raises:
+        ValueError: ``max_queued`` or ``stream_window`` is below 1.
         OSError, TimeoutError, ...: as :func:`anyio_comm.connect` raises.
     """
-    comm = await _connect_comm(address, **connect_arguments)
+    comm = await _connect_comm(
+        address,
+        options=_resolve_options("rpc.connect", options, keywords),
+        timeout=timeout,
+        retry=retry,
+        ssl_context=ssl_context,
+        server_hostname=server_hostname,
+        early_data=early_data,
+        happy_eyeballs_delay=happy_eyeballs_delay,
+    )
     async with open_client(comm, max_queued=max_queued, stream_window=stream_window) as client:
         yield client

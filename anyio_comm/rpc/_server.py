@@ -44,8 +44,8 @@ import inspect
 import logging
 import math
 from collections.abc import Mapping
-from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from typing import TYPE_CHECKING, Any, Final, Generic, Literal, TypeVar, overload
 
 import anyio
 from anyio.lowlevel import checkpoint
@@ -53,7 +53,9 @@ from anyio.lowlevel import checkpoint
 from .._backend import current_backend
 from .._comm import count_work, keep_taken, receive_with_cost
 from .._compat import final
-from .._listener import listen
+from .._listener import DEFAULT_HANDSHAKE_THREADS, listen
+from .._options import Options, OptionsKeywords, resolve_options
+from .._sansio.budget import DEFAULT_RECEIVE_BUDGET, ReceiveBudget
 from .._sansio.close import CloseCode, CloseReason
 from .._sansio.errors import LocalProtocolError, SerializationError
 from ._context import CURRENT_CALL, CallContext, InContext
@@ -73,13 +75,15 @@ from ._protocol import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Callable
+    import ssl
+    from collections.abc import AsyncIterator, Callable, Coroutine
 
-    from anyio.abc import TaskGroup
+    from anyio.abc import TaskGroup, TaskStatus
     from typing_extensions import TypeIs
 
     from .._backend import CancelScopeLike
     from .._comm import Comm
+    from .._compat import Unpack
     from .._listener import Listener
     from .._sansio.budget import BudgetAccount
 
@@ -991,19 +995,67 @@ class Server:
             logger.exception("notification of %s failed", _name(notify.method))
 
 
-@asynccontextmanager
-async def serve(
+@overload
+def serve(
     address: str,
     handlers: Mapping[str, Callable[..., Any]] | object,
     *,
+    task_status: TaskStatus[Server],
+    max_calls_per_connection: int = ...,
+    max_calls: int = ...,
+    max_waiting_per_connection: int = ...,
+    overload: Literal["wait", "reject"] = ...,
+    max_queued: int = ...,
+    options: Options | None = ...,
+    max_connections: int | None = ...,
+    receive_budget: ReceiveBudget | int | None = ...,
+    backlog: int = ...,
+    ssl_context: ssl.SSLContext | None = ...,
+    handshake_threads: int = ...,
+    **keywords: Unpack[OptionsKeywords],
+) -> Coroutine[Any, Any, None]: ...
+@overload
+def serve(
+    address: str,
+    handlers: Mapping[str, Callable[..., Any]] | object,
+    *,
+    max_calls_per_connection: int = ...,
+    max_calls: int = ...,
+    max_waiting_per_connection: int = ...,
+    overload: Literal["wait", "reject"] = ...,
+    max_queued: int = ...,
+    options: Options | None = ...,
+    max_connections: int | None = ...,
+    receive_budget: ReceiveBudget | int | None = ...,
+    backlog: int = ...,
+    ssl_context: ssl.SSLContext | None = ...,
+    handshake_threads: int = ...,
+    **keywords: Unpack[OptionsKeywords],
+) -> AbstractAsyncContextManager[Server]: ...
+def serve(
+    address: str,
+    handlers: Mapping[str, Callable[..., Any]] | object,
+    *,
+    task_status: TaskStatus[Server] | None = None,
     max_calls_per_connection: int = DEFAULT_MAX_CALLS_PER_CONNECTION,
     max_calls: int = DEFAULT_MAX_CALLS,
     max_waiting_per_connection: int = DEFAULT_MAX_WAITING,
     overload: Literal["wait", "reject"] = "wait",
     max_queued: int = DEFAULT_LIMIT,
-    **listen_arguments: Any,
-) -> AsyncIterator[Server]:
-    """Serve the methods of ``handlers`` at ``address`` until the block ends.
+    options: Options | None = None,
+    max_connections: int | None = None,
+    receive_budget: ReceiveBudget | int | None = DEFAULT_RECEIVE_BUDGET,
+    backlog: int = 1024,
+    ssl_context: ssl.SSLContext | None = None,
+    handshake_threads: int = DEFAULT_HANDSHAKE_THREADS,
+    **keywords: Unpack[OptionsKeywords],
+) -> AbstractAsyncContextManager[Server] | Coroutine[Any, Any, None]:
+    """Serve the methods of ``handlers`` at ``address``, in either form of
+    :func:`anyio_comm.listen` and :func:`anyio_comm.serve`:
+    ``async with rpc.serve(address, handlers) as server:`` serves until the
+    block ends, and ``server = await task_group.start(rpc.serve, address,
+    handlers)`` returns the :class:`Server` once it listens, serving until
+    cancelled or until ``await server.shutdown(grace_period)`` completes.
 
     Args:
         address: where to listen, as for :func:`anyio_comm.listen`.
@@ -1024,12 +1076,15 @@ async def serve(
         max_queued: replies queued for sending per connection; while that many
             wait (the client does not read them), the connection is not read
             either (backpressure).
-        listen_arguments: passed to :func:`anyio_comm.listen` (``options``,
-            ``ssl_context``, ``max_connections``, ``receive_budget``, options).
-            The receive budget also counts the arguments of the calls that
-            wait for a worker or a slot, until their handler starts; when it
-            is spent, the connection whose call does not fit is not read until
-            queued calls start or leave (backpressure, nothing is refused).
+        options: as for :func:`anyio_comm.listen`, and so are
+            ``max_connections``, ``receive_budget``, ``backlog``,
+            ``ssl_context``, ``handshake_threads`` and the fields of
+            :class:`~anyio_comm.Options` as keywords. The receive budget also
+            counts the arguments of the calls that wait for a worker or a
+            slot, until their handler starts; when it is spent, the connection
+            whose call does not fit is not read until queued calls start or
+            leave (backpressure, nothing is refused).
+        task_status: given by :meth:`anyio.abc.TaskGroup.start` (the second form).
 
     Raises:
         TypeError: ``handlers`` has a method that is not callable, or a name
@@ -1039,6 +1094,7 @@ async def serve(
             negative, ``overload`` is neither value, or ``handlers`` has a
             method named ``rpc.health`` (the health service's: see
             :meth:`Server.set_serving`).
+        OSError: as :func:`anyio_comm.listen` raises.
     """
     if min(max_calls_per_connection, max_calls, max_queued) < 1 or max_waiting_per_connection < 0:
         raise ValueError(
@@ -1055,6 +1111,39 @@ async def serve(
         overload=overload,
         max_queued=max_queued,
     )
-    async with listen(address, server.handle, **listen_arguments) as listener:
+    listening = listen(
+        address,
+        server.handle,
+        options=resolve_options("rpc.serve", options, keywords),
+        max_connections=max_connections,
+        receive_budget=receive_budget,
+        backlog=backlog,
+        ssl_context=ssl_context,
+        handshake_threads=handshake_threads,
+    )
+    if task_status is None:
+        return _serving(server, listening)
+    return _serve_until_stopped(server, listening, task_status)
+
+
+@asynccontextmanager
+async def _serving(
+    server: Server, listening: AbstractAsyncContextManager[Listener]
+) -> AsyncIterator[Server]:
+    """:func:`serve`'s first form: the server until the block ends."""
+    async with listening as listener:
         server._listener = listener
         yield server
+
+
+async def _serve_until_stopped(
+    server: Server,
+    listening: AbstractAsyncContextManager[Listener],
+    task_status: TaskStatus[Server],
+) -> None:
+    """:func:`serve`'s second form: the server, once it listens, to
+    ``task_status``; until cancelled or shut down."""
+    async with listening as listener:
+        server._listener = listener
+        task_status.started(server)
+        await listener._server.stopped.wait()
