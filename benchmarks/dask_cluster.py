@@ -123,7 +123,7 @@ class Cluster:
         self.client = Client(self.cluster, security=security if tls else None)
         self.connection_args = security.get_connection_args("client") if tls else {}
         self.client.wait_for_workers(2, timeout=60)
-        self.a, self.b = sorted(self.client.scheduler_info()["workers"])
+        self.a, self.b = sorted(self.client.run(os.getpid))  # scheduler_info() races its refresh
         if cpus is not None:
             self.client.run(pin_process, cpus[0], workers=[self.a])
             self.client.run(pin_process, cpus[1], workers=[self.b])

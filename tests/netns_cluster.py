@@ -156,7 +156,7 @@ def run_client(scheduler: str, tls: str | None) -> dict[str, Any]:
     worker fetches it from the first), and report what the cluster looks like."""
     with Client(scheduler, security=security(tls), timeout=WAIT) as client:
         client.wait_for_workers(2, timeout=WAIT)
-        workers = sorted(client.scheduler_info()["workers"])
+        workers = sorted(client.run(os.getpid))  # not scheduler_info(): its refresh races
         source, target = workers
         data = np.random.default_rng(0).integers(0, 2**40, ARRAY_LENGTH, dtype=np.int64)
         (array,) = client.scatter([data], workers=[source])

@@ -6,6 +6,7 @@ points alone. Loopback only (``host="127.0.0.1"``), no dashboard.
 from __future__ import annotations
 
 import operator
+import os
 import time
 from typing import TYPE_CHECKING
 
@@ -45,10 +46,19 @@ def client(request: pytest.FixtureRequest) -> Iterator[Client]:
         yield client
 
 
+def _worker_addresses(client: Client) -> list[str]:
+    """The workers' addresses, asked of the workers themselves.
+
+    (``client.scheduler_info()`` can return the client's periodic refresh, which
+    carries no workers, when that refresh lands during the call.)
+    """
+    return sorted(client.run(os.getpid))
+
+
 def test_every_address_uses_the_scheme(client: Client) -> None:
     scheme = client.scheduler.address.partition("://")[0]
     assert scheme in ("anyio+tcp", "anyio+tls")
-    workers = client.scheduler_info()["workers"]
+    workers = _worker_addresses(client)
     assert len(workers) == 2
     for address in workers:
         assert address.startswith(f"{scheme}://127.0.0.1:")
@@ -89,7 +99,7 @@ def _held_keys(dask_worker: object) -> int:
 def test_large_frames_reuse_memory_in_the_workers(client: Client) -> None:
     """An array sent to the same worker again and again lands in the memory of the
     one before (which that worker released), in the worker process's buffer pool."""
-    a, b = sorted(client.scheduler_info()["workers"])
+    a, b = _worker_addresses(client)
     for seed in range(4):
         x = client.submit(np.full, 2**20, seed, dtype="f8", workers=[a], pure=False)  # 8 MiB
         y = client.submit(np.sum, x, workers=[b], pure=False)
