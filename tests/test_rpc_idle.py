@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 pytestmark = pytest.mark.anyio
 
 KINDS = [*ADDRESS_TRANSPORTS, "tls"]
-IDLE = 0.3
+IDLE = 0.15
 #: how long the calls take: several times the idle timeout
 SLOW = 4 * IDLE
 
