@@ -135,7 +135,7 @@ class ProtocolViolation(ValueError):
     """A message that is not a valid RPC message."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Call:
     id: int
     method: str
@@ -161,7 +161,7 @@ class Call:
         return message
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Result:
     id: int
     value: Any
@@ -173,7 +173,7 @@ class Result:
         return [Kind.RESULT, self.id, self.value, self.trailers]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class ErrorReply:
     id: int
     code: ErrorCode
@@ -188,7 +188,7 @@ class ErrorReply:
         return message
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Cancel:
     id: int
 
@@ -196,7 +196,7 @@ class Cancel:
         return [Kind.CANCEL, self.id]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Notify:
     method: str
     args: list[Any]
@@ -209,7 +209,7 @@ class Notify:
         return [Kind.NOTIFY, self.method, self.args, self.kwargs, self.metadata]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Item:
     id: int
     value: Any
@@ -218,7 +218,7 @@ class Item:
         return [Kind.ITEM, self.id, self.value]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class Credit:
     id: int
     count: int
@@ -296,48 +296,48 @@ def _decode(message: object) -> Message:
             f" not {len(message)}"
         )
     if kind == Kind.CALL:
-        _, call_id, method, args, kwargs, timeout, stream, *more = message
-        args, kwargs = _arguments(args, kwargs)
+        args, kwargs = _arguments(message[3], message[4])
+        timeout = message[5]
         if timeout is not None and (
             type(timeout) not in (int, float) or not timeout >= 0 or math.isinf(timeout)
         ):
             raise ProtocolViolation(f"a timeout must be a finite number >= 0, not {timeout!r}")
+        stream = message[6]
         if type(stream) is not bool:
             raise ProtocolViolation(f"stream must be true or false, not {stream!r}")
         return Call(
-            _id(call_id),
-            _str(method, "a method name"),
+            _id(message[1]),
+            _str(message[2], "a method name"),
             args,
             kwargs,
             timeout,
             stream,
-            _metadata(more[0], "metadata") if more else None,
+            _metadata(message[7], "metadata") if len(message) > 7 else None,
         )
     if kind == Kind.RESULT:
         if len(message) == 3:
             return Result(_id(message[1]), message[2])
         return Result(_id(message[1]), message[2], _metadata(message[3], "trailers"))
     if kind == Kind.ERROR:
-        _, call_id, code, type_name, text, *more = message
+        code = message[2]
         if type(code) is not str or code not in _CODES:
             raise ProtocolViolation(f"unknown error code {code!r}")
         return ErrorReply(
-            _id(call_id),
+            _id(message[1]),
             _CODES[code],
-            _str(type_name, "a type"),
-            _str(text, "a message"),
-            _metadata(more[0], "trailers") if more else None,
+            _str(message[3], "a type"),
+            _str(message[4], "a message"),
+            _metadata(message[5], "trailers") if len(message) > 5 else None,
         )
     if kind == Kind.CANCEL:
         return Cancel(_id(message[1]))
     if kind == Kind.NOTIFY:
-        _, method, args, kwargs, *more = message
-        args, kwargs = _arguments(args, kwargs)
+        args, kwargs = _arguments(message[2], message[3])
         return Notify(
-            _str(method, "a method name"),
+            _str(message[1], "a method name"),
             args,
             kwargs,
-            _metadata(more[0], "metadata") if more else None,
+            _metadata(message[4], "metadata") if len(message) > 4 else None,
         )
     if kind == Kind.ITEM:
         return Item(_id(message[1]), message[2])
