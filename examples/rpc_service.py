@@ -1,10 +1,12 @@
 """An RPC service with anyio_comm.rpc: a class of methods served over TCP, called
 through a connection pool by many tasks at once, with deadlines that reach the
-server, typed remote errors, a one-way notification and a streamed result."""
+server, typed remote errors, a one-way notification and a streamed result, and
+interceptors on both sides: the client's names itself in each call's metadata, the
+server's refuses calls that do not and counts those it serves."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import anyio
 
@@ -44,11 +46,40 @@ class Inventory:
             yield item, amount  # streamed, at the pace the caller takes them
 
 
+class CallCounter:
+    """A server interceptor: refuses calls from clients that do not say who they
+    are, and counts the others by kind ("call", "stream", "notification")."""
+
+    def __init__(self) -> None:
+        self.served: dict[str, int] = {}
+
+    async def __call__(self, call: rpc.CallContext, proceed: rpc.Proceed) -> Any:
+        if "client" not in call.metadata:
+            raise PermissionError("say who you are")  # the method does not run
+        self.served[call.kind] = self.served.get(call.kind, 0) + 1
+        return await proceed()
+
+
+async def name_the_client(call: rpc.OutgoingCall, proceed: rpc.Proceed) -> Any:
+    """A client interceptor: every call, stream and notification carries the
+    client's name."""
+    call.metadata["client"] = "stock-keeper"
+    return await proceed()
+
+
 async def main() -> None:
     inventory = Inventory()
-    async with rpc.serve("tcp://127.0.0.1:0", inventory, max_calls_per_connection=50) as server:
+    counter = CallCounter()
+    async with rpc.serve(
+        "tcp://127.0.0.1:0", inventory, max_calls_per_connection=50, interceptors=[counter]
+    ) as server:
         print(f"serving on {server.address}")
-        async with rpc.Pool(max_per_address=2) as pool:
+        async with rpc.connect(server.address) as anonymous:
+            try:
+                await anonymous.call("count", "pear")
+            except rpc.RemoteError as exc:
+                print(f"without a name: {exc.remote_type}: {exc.remote_message}")
+        async with rpc.Pool(max_per_address=2, interceptors=[name_the_client]) as pool:
             # many tasks share the pool's connections; their calls are multiplexed
             async def restock(n: int) -> None:
                 async with pool.client(server.address) as remote:
@@ -77,6 +108,7 @@ async def main() -> None:
                 async with remote.stream("items") as items:
                     async for item, amount in items:
                         print(f"  {item}: {amount}")
+        print(f"served: {dict(sorted(counter.served.items()))}")
     print(f"log: {inventory.log}")
 
 

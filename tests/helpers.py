@@ -85,14 +85,21 @@ async def listen_arguments(
 
 @asynccontextmanager
 async def rpc_server_and_client(
-    kind: str, methods: Any, **serve_arguments: Any
+    kind: str,
+    methods: Any,
+    *,
+    connect_arguments: dict[str, Any] | None = None,
+    **serve_arguments: Any,
 ) -> AsyncIterator[tuple[rpc.Server, rpc.Client]]:
     """An RPC server of ``methods`` listening over ``kind`` (as
-    :func:`listen_arguments`), and a client connected to it."""
+    :func:`listen_arguments`), and a client connected to it (with
+    ``connect_arguments`` besides)."""
     async with listen_arguments(kind) as (address, server_kwargs, client_kwargs):
         async with (
             rpc.serve(address, methods, **server_kwargs, **serve_arguments) as server,
-            rpc.connect(server.address, timeout=10, **client_kwargs) as client,
+            rpc.connect(
+                server.address, timeout=10, **client_kwargs, **(connect_arguments or {})
+            ) as client,
         ):
             yield server, client
 

@@ -24,7 +24,7 @@ from .._connect import HAPPY_EYEBALLS_DELAY as _HAPPY_EYEBALLS_DELAY
 from .._connect import connect as _connect_comm
 from .._options import resolve_options as _resolve_options
 from ._client import DEFAULT_STREAM_WINDOW, Client, Stream, WithMetadata, open_client
-from ._context import CallContext, current_call
+from ._context import CallContext, CallKind, current_call
 from ._errors import (
     BadCallError,
     DeadlineExceededError,
@@ -36,13 +36,15 @@ from ._errors import (
     UnavailableError,
 )
 from ._health import HEALTH_METHOD, HealthStatus
+from ._interceptors import ClientInterceptor, OutgoingCall, Proceed, ServerInterceptor
+from ._interceptors import check_interceptors as _check_interceptors
 from ._outbox import DEFAULT_LIMIT as _DEFAULT_LIMIT
 from ._pool import Pool
 from ._server import Server, serve
 
 if _TYPE_CHECKING:
     import ssl
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Sequence
 
     from .._compat import Unpack
     from .._options import Options, OptionsKeywords
@@ -52,16 +54,21 @@ __all__ = [
     "HEALTH_METHOD",
     "BadCallError",
     "CallContext",
+    "CallKind",
     "Client",
+    "ClientInterceptor",
     "DeadlineExceededError",
     "HealthStatus",
     "InvalidArgumentsError",
     "MethodNotFoundError",
+    "OutgoingCall",
     "OverloadedError",
     "Pool",
+    "Proceed",
     "RPCError",
     "RemoteError",
     "Server",
+    "ServerInterceptor",
     "Stream",
     "UnavailableError",
     "WithMetadata",
@@ -78,6 +85,7 @@ async def connect(
     *,
     max_queued: int = _DEFAULT_LIMIT,
     stream_window: int = DEFAULT_STREAM_WINDOW,
+    interceptors: Sequence[ClientInterceptor] = (),
     options: Options | None = None,
     timeout: float | None = None,
     retry: bool = False,
@@ -94,6 +102,7 @@ async def connect(
         address: the server's address.
         max_queued: messages queued for sending before calls wait for room.
         stream_window: items of a stream the server may send ahead.
+        interceptors: see :func:`open_client`.
         options: as for :func:`anyio_comm.connect`, and so are ``timeout``,
             ``retry``, ``ssl_context``, ``server_hostname``, ``early_data``,
             ``happy_eyeballs_delay`` and the fields of
@@ -101,8 +110,13 @@ async def connect(
 
     Raises:
         ValueError: ``max_queued`` or ``stream_window`` is below 1.
+        TypeError: an interceptor is not callable.
         OSError, TimeoutError, ...: as :func:`anyio_comm.connect` raises.
     """
+    # (what the client would refuse is refused before connecting)
+    interceptors = _check_interceptors(interceptors)
+    if min(max_queued, stream_window) < 1:
+        raise ValueError("max_queued and stream_window must be at least 1")
     comm = await _connect_comm(
         address,
         options=_resolve_options("rpc.connect", options, keywords),
@@ -113,5 +127,7 @@ async def connect(
         early_data=early_data,
         happy_eyeballs_delay=happy_eyeballs_delay,
     )
-    async with open_client(comm, max_queued=max_queued, stream_window=stream_window) as client:
+    async with open_client(
+        comm, max_queued=max_queued, stream_window=stream_window, interceptors=interceptors
+    ) as client:
         yield client

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import math
+from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from functools import partial
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -17,6 +19,7 @@ from .._sansio.close import CloseCode, CloseReason
 from .._sansio.errors import LocalProtocolError
 from ._errors import RPCError, UnavailableError, error_for
 from ._health import HEALTH_METHOD, HealthStatus
+from ._interceptors import OutgoingCall, check_interceptors, intercepted
 from ._outbox import DEFAULT_LIMIT, Entry, Outbox
 from ._protocol import (
     Call,
@@ -34,10 +37,11 @@ from ._protocol import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Mapping
+    from collections.abc import Mapping, Sequence
 
     from .._backend import Backend
     from .._comm import Comm
+    from ._interceptors import ClientInterceptor
 
 __all__ = ["DEFAULT_STREAM_WINDOW", "Client", "Stream", "WithMetadata", "open_client"]
 
@@ -168,9 +172,11 @@ class Client:
         *,
         max_queued: int = DEFAULT_LIMIT,
         stream_window: int = DEFAULT_STREAM_WINDOW,
+        interceptors: Sequence[ClientInterceptor] = (),
     ) -> None:
         if stream_window < 1:
             raise ValueError("stream_window must be at least 1")
+        self._interceptors = check_interceptors(interceptors)
         self._window = stream_window
         self._comm = comm
         self._outbox = Outbox(comm, max_queued)
@@ -290,7 +296,28 @@ class Client:
         trailers: Metadata | None,
     ) -> Any:
         """:meth:`call`, with ``metadata`` sent and the reply's trailers put in
-        ``trailers``."""
+        ``trailers``, through the interceptors."""
+        if self._interceptors:
+            outgoing = OutgoingCall("call", method, args, kwargs, dict(metadata or {}))
+
+            async def proceed() -> Any:
+                sent = _metadata_to_send(outgoing.metadata, metadata)
+                return await self._call_plain(
+                    outgoing.method, outgoing.args, outgoing.kwargs, sent, trailers
+                )
+
+            return await intercepted(self._interceptors, outgoing, proceed)
+        return await self._call_plain(method, args, kwargs, metadata, trailers)
+
+    async def _call_plain(
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        metadata: Metadata | None,
+        trailers: Metadata | None,
+    ) -> Any:
+        """:meth:`_call` past the interceptors."""
         pending = _Pending(trailers)
         call_id, entry = await self._send_call(method, args, kwargs, metadata, pending)
         try:
@@ -307,7 +334,7 @@ class Client:
 
     def stream(
         self, method: str, /, *args: Any, **kwargs: Any
-    ) -> AbstractAsyncContextManager[Stream]:
+    ) -> AbstractAsyncContextManager[AsyncIterator[Any]]:
         """Call ``method``, an async generator on the server, and iterate over
         the items it yields: ``async with client.stream("m") as items: async for
         item in items: ...``.
@@ -324,8 +351,57 @@ class Client:
         """
         return self._stream(method, args, kwargs, None, None)
 
+    def _stream(
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        metadata: Metadata | None,
+        trailers: Metadata | None,
+    ) -> AbstractAsyncContextManager[AsyncIterator[Any]]:
+        """:meth:`stream`, with ``metadata`` sent and the final reply's trailers
+        put in ``trailers``, through the interceptors."""
+        if self._interceptors:
+            return self._stream_intercepted(method, args, kwargs, metadata, trailers)
+        return self._stream_plain(method, args, kwargs, metadata, trailers)
+
     @asynccontextmanager
-    async def _stream(
+    async def _stream_intercepted(
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        metadata: Metadata | None,
+        trailers: Metadata | None,
+    ) -> AsyncIterator[AsyncIterator[Any]]:
+        """:meth:`_stream` through the interceptors: their ``proceed()`` opens
+        the stream, and what the first returns is what the block iterates."""
+        outgoing = OutgoingCall("stream", method, args, kwargs, dict(metadata or {}))
+        async with contextlib.AsyncExitStack() as opened:
+
+            async def proceed() -> Stream:
+                sent = _metadata_to_send(outgoing.metadata, metadata)
+                return await opened.enter_async_context(
+                    self._stream_plain(
+                        outgoing.method, outgoing.args, outgoing.kwargs, sent, trailers
+                    )
+                )
+
+            items = await intercepted(self._interceptors, outgoing, proceed)
+            if not isinstance(items, AsyncIterator):
+                raise TypeError(
+                    f"a stream's interceptor returned {type(items).__name__}, not the stream"
+                    " proceed() returned or an async iterator"
+                )
+            try:
+                yield items
+            finally:
+                close = getattr(items, "aclose", None)
+                if type(items) is not Stream and close is not None:
+                    await close()
+
+    @asynccontextmanager
+    async def _stream_plain(
         self,
         method: str,
         args: tuple[Any, ...],
@@ -333,8 +409,7 @@ class Client:
         metadata: Metadata | None,
         trailers: Metadata | None,
     ) -> AsyncIterator[Stream]:
-        """:meth:`stream`, with ``metadata`` sent and the final reply's trailers
-        put in ``trailers``."""
+        """:meth:`_stream` past the interceptors."""
         pending = _StreamPending(self._window, trailers)
         call_id, entry = await self._send_call(method, args, kwargs, metadata, pending)
         self._outbox.put_now(Credit(call_id, self._window).encode())
@@ -441,7 +516,26 @@ class Client:
         kwargs: dict[str, Any],
         metadata: Metadata | None,
     ) -> None:
-        """:meth:`notify`, with ``metadata`` sent."""
+        """:meth:`notify`, with ``metadata`` sent, through the interceptors."""
+        if self._interceptors:
+            outgoing = OutgoingCall("notification", method, args, kwargs, dict(metadata or {}))
+
+            async def proceed() -> None:
+                sent = _metadata_to_send(outgoing.metadata, metadata)
+                await self._notify_plain(outgoing.method, outgoing.args, outgoing.kwargs, sent)
+
+            await intercepted(self._interceptors, outgoing, proceed)
+            return
+        await self._notify_plain(method, args, kwargs, metadata)
+
+    async def _notify_plain(
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        metadata: Metadata | None,
+    ) -> None:
+        """:meth:`_notify` past the interceptors."""
         self._check(method)
         try:
             await self._outbox.put(Notify(method, list(args), kwargs, metadata).encode())
@@ -561,7 +655,7 @@ class WithMetadata:
 
     def stream(
         self, method: str, /, *args: Any, **kwargs: Any
-    ) -> AbstractAsyncContextManager[Stream]:
+    ) -> AbstractAsyncContextManager[AsyncIterator[Any]]:
         """:meth:`Client.stream`, with the metadata.
 
         Raises:
@@ -578,6 +672,19 @@ class WithMetadata:
         await self._client._notify(method, args, kwargs, self._metadata)
 
 
+def _metadata_to_send(metadata: dict[str, str | bytes], given: Metadata | None) -> Metadata | None:
+    """What an intercepted call sends as its metadata: ``metadata`` as its
+    interceptors left it, checked; nothing if it is empty and the caller gave
+    none (so that a call without metadata stays one, and gets no trailers).
+
+    Raises:
+        ValueError: the interceptors made it break the limits of metadata.
+    """
+    if not metadata and given is None:
+        return None
+    return check_metadata(metadata)
+
+
 async def _refuse(comm: Comm, error: ProtocolViolation) -> None:
     """Close ``comm``, telling the peer which rule its message broke."""
     await comm.aclose(CloseReason(CloseCode.PROTOCOL_ERROR, "rpc", str(error)[:1024]))
@@ -585,7 +692,11 @@ async def _refuse(comm: Comm, error: ProtocolViolation) -> None:
 
 @asynccontextmanager
 async def open_client(
-    comm: Comm, *, max_queued: int = DEFAULT_LIMIT, stream_window: int = DEFAULT_STREAM_WINDOW
+    comm: Comm,
+    *,
+    max_queued: int = DEFAULT_LIMIT,
+    stream_window: int = DEFAULT_STREAM_WINDOW,
+    interceptors: Sequence[ClientInterceptor] = (),
 ) -> AsyncIterator[Client]:
     """A :class:`Client` over ``comm``, running until the block ends (then the
     comm is closed).
@@ -594,11 +705,27 @@ async def open_client(
         comm: a comm to an RPC server; the client owns it from now on.
         max_queued: messages queued for sending before calls wait for room.
         stream_window: items of a stream the server may send ahead.
+        interceptors: coroutine functions ``interceptor(call, proceed)`` that
+            see every call, stream and notification the client makes, the
+            first outermost: each gets an :class:`OutgoingCall` (whose
+            arguments and metadata it may change) and returns ``await
+            proceed()``, which runs the next one and, after the last, sends the
+            call and returns its result (for a stream: the opened
+            :class:`Stream`; the interceptor returns it, or an async iterator
+            over it, which the ``stream()`` block iterates), or raises (see
+            the RPC guide, "Interceptors").
 
     Raises:
         ValueError: a limit is below 1.
+        TypeError: an interceptor is not callable.
     """
-    client = Client(comm, max_queued=max_queued, stream_window=stream_window)
+    try:
+        client = Client(
+            comm, max_queued=max_queued, stream_window=stream_window, interceptors=interceptors
+        )
+    except BaseException:
+        await comm.aclose()  # it is ours
+        raise
     body_error: Exception | None = None
     async with anyio.create_task_group() as task_group:
         task_group.start_soon(client.run, name=f"rpc client {comm.peer_address}")

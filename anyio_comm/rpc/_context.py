@@ -15,7 +15,7 @@ from __future__ import annotations
 import math
 from contextvars import ContextVar
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from anyio.streams.tls import TLSAttribute
 
@@ -28,7 +28,11 @@ if TYPE_CHECKING:
 
     from .._comm import Comm
 
-__all__ = ["CallContext", "InContext", "current_call"]
+__all__ = ["CallContext", "CallKind", "InContext", "current_call"]
+
+#: what a call is: one result (``call``), a stream of them (``stream``), or
+#: none (``notification``)
+CallKind = Literal["call", "stream", "notification"]
 
 _NO_DEFAULT: Any = object()
 _NO_METADATA: Final[Mapping[str, str | bytes]] = MappingProxyType({})
@@ -43,9 +47,11 @@ class CallContext:
     Attributes:
         method: the name the caller called.
         id: the caller's number for the call (``None`` for a notification).
+        kind: ``"call"`` (one result), ``"stream"`` (a streaming call) or
+            ``"notification"``.
     """
 
-    __slots__ = ("_clock", "_comm", "_deadline", "_metadata", "_trailers", "id", "method")
+    __slots__ = ("_clock", "_comm", "_deadline", "_metadata", "_trailers", "id", "kind", "method")
 
     def __init__(
         self,
@@ -55,10 +61,12 @@ class CallContext:
         deadline: float,
         clock: Callable[[], float],
         metadata: Metadata | None = None,
+        kind: CallKind = "call",
     ) -> None:
         # (made for every call: only assignments here)
         self.method = method
         self.id = call_id
+        self.kind: CallKind = kind
         self._comm = comm
         self._deadline = deadline
         self._clock = clock
@@ -130,7 +138,10 @@ class CallContext:
         return self._comm.extra(attribute, default)
 
     def __repr__(self) -> str:
-        return f"CallContext(method={self.method!r}, id={self.id!r}, peer={self.peer_address!r})"
+        return (
+            f"CallContext(kind={self.kind!r}, method={self.method!r}, id={self.id!r},"
+            f" peer={self.peer_address!r})"
+        )
 
 
 #: the call of the running handler (set in each call's own context)

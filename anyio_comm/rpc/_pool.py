@@ -14,13 +14,16 @@ import anyio
 from .._compat import final
 from .._connect import connect
 from ._client import DEFAULT_STREAM_WINDOW, Client
+from ._interceptors import check_interceptors
 from ._outbox import DEFAULT_LIMIT
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator
+    from collections.abc import AsyncIterator, Sequence
     from types import TracebackType
 
     from anyio.abc import TaskGroup
+
+    from ._interceptors import ClientInterceptor
 
 __all__ = ["Pool"]
 
@@ -77,11 +80,14 @@ class Pool:
         connect_timeout: seconds a new connection may take, retries included.
         max_queued: see :func:`~anyio_comm.rpc.open_client`.
         stream_window: see :func:`~anyio_comm.rpc.open_client`.
+        interceptors: see :func:`~anyio_comm.rpc.open_client` (the clients of
+            every connection use them).
         connect_arguments: passed to :func:`anyio_comm.connect` (``ssl_context``,
             options).
 
     Raises:
         ValueError: a limit is below 1, or a timeout is not positive.
+        TypeError: an interceptor is not callable.
     """
 
     def __init__(
@@ -94,6 +100,7 @@ class Pool:
         connect_timeout: float = 10.0,
         max_queued: int = DEFAULT_LIMIT,
         stream_window: int = DEFAULT_STREAM_WINDOW,
+        interceptors: Sequence[ClientInterceptor] = (),
         **connect_arguments: Any,
     ) -> None:
         if max_per_address < 1 or max_users_per_connection < 1:
@@ -112,7 +119,9 @@ class Pool:
         self._idle_timeout = idle_timeout
         self._wait_timeout = wait_timeout
         self._connect_timeout = connect_timeout
-        self._client_options = {"max_queued": max_queued, "stream_window": stream_window}
+        self._max_queued = max_queued
+        self._stream_window = stream_window
+        self._interceptors = check_interceptors(interceptors)
         self._connect_arguments = connect_arguments
         self._connections: dict[str, list[_PooledClient]] = {}
         #: the addresses a connection is being made to
@@ -221,7 +230,16 @@ class Pool:
         finally:
             del self._opening[address]
             self._signal()
-        pooled = _PooledClient(address, Client(comm, **self._client_options), anyio.current_time())
+        pooled = _PooledClient(
+            address,
+            Client(
+                comm,
+                max_queued=self._max_queued,
+                stream_window=self._stream_window,
+                interceptors=self._interceptors,
+            ),
+            anyio.current_time(),
+        )
         pooled.users = 1
         self._connections.setdefault(address, []).append(pooled)
         assert self._task_group is not None

@@ -59,7 +59,9 @@ from .._sansio.budget import DEFAULT_RECEIVE_BUDGET, ReceiveBudget
 from .._sansio.close import CloseCode, CloseReason
 from .._sansio.errors import LocalProtocolError, SerializationError
 from ._context import CURRENT_CALL, CallContext, InContext
+from ._errors import error_for
 from ._health import HEALTH_METHOD, HealthStatus
+from ._interceptors import check_interceptors, intercepted
 from ._outbox import DEFAULT_LIMIT, Outbox
 from ._protocol import (
     Call,
@@ -76,7 +78,7 @@ from ._protocol import (
 
 if TYPE_CHECKING:
     import ssl
-    from collections.abc import AsyncIterator, Callable, Coroutine
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
 
     from anyio.abc import TaskGroup, TaskStatus
     from typing_extensions import TypeIs
@@ -86,6 +88,7 @@ if TYPE_CHECKING:
     from .._compat import Unpack
     from .._listener import Listener
     from .._sansio.budget import BudgetAccount
+    from ._interceptors import ServerInterceptor
 
 __all__ = ["Server", "serve"]
 
@@ -417,8 +420,10 @@ class Server:
         max_waiting_per_connection: int,
         overload: Literal["wait", "reject"],
         max_queued: int,
+        interceptors: tuple[ServerInterceptor, ...] = (),
     ) -> None:
         self._methods = methods
+        self._interceptors = interceptors
         self._max_per_connection = max_calls_per_connection
         self._max_waiting = max_waiting_per_connection
         self._slots = _Slots(max_calls)
@@ -873,7 +878,13 @@ class Server:
             if _withdrawn(running):
                 return  # cancelled while it waited in the queue
             about = CallContext(
-                call.method, call.id, session.comm, running.deadline, session.clock, call.metadata
+                call.method,
+                call.id,
+                session.comm,
+                running.deadline,
+                session.clock,
+                call.metadata,
+                "stream" if call.stream else "call",
             )
             context.run(CURRENT_CALL.set, about)
             handled = False  # (a deadline before the handler: it waited past it)
@@ -884,7 +895,9 @@ class Server:
                 await self._take_slot(session, running)
                 self._uncharge(session, running)  # its arguments are the handler's now
                 handled = True
-                if call.stream:
+                if self._interceptors:
+                    reply = await self._invoke_intercepted(session, work, context, about)
+                elif call.stream:
                     reply = await self._invoke_stream(session, work, context)
                 else:
                     reply = await self._invoke(work, context)
@@ -929,6 +942,30 @@ class Server:
         self, session: _Session, work: _Invocation[Call], context: contextvars.Context
     ) -> Result | ErrorReply:
         call = work.request
+        try:
+            items, refusal = context.run(_apply, call, work.handler)
+            if refusal is not None:
+                return refusal
+            await self._send_items(session, work, items, context)
+        except Exception as exc:
+            return ErrorReply(call.id, ErrorCode.ERROR, _type_name(exc), _text(exc))
+        return Result(call.id, None)
+
+    @staticmethod
+    async def _send_items(
+        session: _Session,
+        work: _Invocation[Call],
+        items: AsyncGenerator[Any, None],
+        context: contextvars.Context | None,
+    ) -> None:
+        """Send what the generator ``items`` yields as the call's ITEMs, as the
+        client's credit allows, and close it; each of its steps inside
+        ``context`` (``None``: the running one).
+
+        Raises:
+            Exception: what the generator raised.
+        """
+        call = work.request
         running = work.state
 
         def refused(exc: LocalProtocolError) -> None:
@@ -936,25 +973,60 @@ class Server:
             running.cancel()
 
         try:
-            items, refusal = context.run(_apply, call, work.handler)
+            while True:
+                step = items.__anext__()
+                try:
+                    item = await (step if context is None else InContext(step, context))
+                except StopAsyncIteration:
+                    break
+                while running.credit < 1:
+                    running.credited = anyio.Event()
+                    await running.credited.wait()
+                running.credit -= 1
+                await session.outbox.put(Item(call.id, item).encode(), refused)
+        finally:
+            closing = items.aclose()
+            await (closing if context is None else InContext(closing, context))
+
+    async def _invoke_intercepted(
+        self,
+        session: _Session,
+        work: _Invocation[Call],
+        context: contextvars.Context,
+        about: CallContext,
+    ) -> Result | ErrorReply:
+        """:meth:`_invoke` or :meth:`_invoke_stream` inside the interceptors, all
+        of them in ``context``."""
+        call = work.request
+        # the server's own refusal of the arguments, raised through the
+        # interceptors as the caller would see it
+        refusal: ErrorReply | None = None
+        refusal_error: Exception | None = None
+        proceeded = False
+
+        async def proceed() -> Any:
+            nonlocal refusal, refusal_error, proceeded
+            if proceeded:
+                raise RuntimeError("proceed() runs the call once; it was called before")
+            proceeded = True
+            result, refusal = _apply(call, work.handler)
             if refusal is not None:
-                return refusal
-            try:
-                while True:
-                    try:
-                        item = await InContext(items.__anext__(), context)
-                    except StopAsyncIteration:
-                        break
-                    while running.credit < 1:
-                        running.credited = anyio.Event()
-                        await running.credited.wait()
-                    running.credit -= 1
-                    await session.outbox.put(Item(call.id, item).encode(), refused)
-            finally:
-                await InContext(items.aclose(), context)
+                refusal_error = error_for(call.method, refusal.code, refusal.type, refusal.message)
+                raise refusal_error
+            if call.stream:
+                await self._send_items(session, work, result, None)
+                return None
+            if inspect.isawaitable(result):
+                result = await result
+            return result
+
+        try:
+            value = await InContext(intercepted(self._interceptors, about, proceed), context)
         except Exception as exc:
+            if exc is refusal_error and refusal is not None:
+                return refusal
             return ErrorReply(call.id, ErrorCode.ERROR, _type_name(exc), _text(exc))
-        return Result(call.id, None)
+        return Result(call.id, None if call.stream else value)
 
     @staticmethod
     async def _reply(session: _Session, call: Call, reply: Result | ErrorReply) -> None:
@@ -977,15 +1049,27 @@ class Server:
     ) -> None:
         notify = work.request
         running = work.state
-        context.run(
-            CURRENT_CALL.set,
-            CallContext(
-                notify.method, None, session.comm, math.inf, session.clock, notify.metadata
-            ),
+        about = CallContext(
+            notify.method,
+            None,
+            session.comm,
+            math.inf,
+            session.clock,
+            notify.metadata,
+            "notification",
         )
+        context.run(CURRENT_CALL.set, about)
         await self._take_slot(session, running)
         self._uncharge(session, running)
         try:
+            if self._interceptors:
+
+                async def proceed() -> Any:
+                    result = work.handler(*notify.args, **notify.kwargs)
+                    return (await result) if inspect.isawaitable(result) else result
+
+                await InContext(intercepted(self._interceptors, about, proceed), context)
+                return
             result = context.run(work.handler, *notify.args, **notify.kwargs)
             if inspect.iscoroutine(result):
                 await InContext(result, context)
@@ -1006,6 +1090,7 @@ def serve(
     max_waiting_per_connection: int = ...,
     overload: Literal["wait", "reject"] = ...,
     max_queued: int = ...,
+    interceptors: Sequence[ServerInterceptor] = ...,
     options: Options | None = ...,
     max_connections: int | None = ...,
     receive_budget: ReceiveBudget | int | None = ...,
@@ -1024,6 +1109,7 @@ def serve(
     max_waiting_per_connection: int = ...,
     overload: Literal["wait", "reject"] = ...,
     max_queued: int = ...,
+    interceptors: Sequence[ServerInterceptor] = ...,
     options: Options | None = ...,
     max_connections: int | None = ...,
     receive_budget: ReceiveBudget | int | None = ...,
@@ -1042,6 +1128,7 @@ def serve(
     max_waiting_per_connection: int = DEFAULT_MAX_WAITING,
     overload: Literal["wait", "reject"] = "wait",
     max_queued: int = DEFAULT_LIMIT,
+    interceptors: Sequence[ServerInterceptor] = (),
     options: Options | None = None,
     max_connections: int | None = None,
     receive_budget: ReceiveBudget | int | None = DEFAULT_RECEIVE_BUDGET,
@@ -1076,6 +1163,14 @@ def serve(
         max_queued: replies queued for sending per connection; while that many
             wait (the client does not read them), the connection is not read
             either (backpressure).
+        interceptors: coroutine functions ``interceptor(call, proceed)`` that
+            see every call, stream and notification, the first outermost:
+            each gets the call's :class:`CallContext` and returns ``await
+            proceed()``, which runs the next one and, after the last, the
+            handler (a stream's items sent when it returns), or raises to
+            refuse the call (the caller gets the error a handler's raising
+            would give). They run in the call's context, within its deadline
+            (see the RPC guide, "Interceptors").
         options: as for :func:`anyio_comm.listen`, and so are
             ``max_connections``, ``receive_budget``, ``backlog``,
             ``ssl_context``, ``handshake_threads`` and the fields of
@@ -1088,7 +1183,7 @@ def serve(
 
     Raises:
         TypeError: ``handlers`` has a method that is not callable, or a name
-            that is not a str.
+            that is not a str; an interceptor is not callable.
         ValueError: ``max_calls_per_connection``, ``max_calls`` or
             ``max_queued`` is below 1, ``max_waiting_per_connection`` is
             negative, ``overload`` is neither value, or ``handlers`` has a
@@ -1110,6 +1205,7 @@ def serve(
         max_waiting_per_connection=max_waiting_per_connection,
         overload=overload,
         max_queued=max_queued,
+        interceptors=check_interceptors(interceptors),
     )
     listening = listen(
         address,
