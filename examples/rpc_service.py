@@ -1,6 +1,6 @@
 """An RPC service with anyio_comm.rpc: a class of methods served over TCP, called
 through a connection pool by many tasks at once, with deadlines that reach the
-server, typed remote errors, a one-way notification and a streamed result, and
+server, typed remote errors, an upload, a one-way notification and a streamed result, and
 interceptors on both sides: the client's names itself in each call's metadata, the
 server's refuses calls that do not and counts those it serves."""
 
@@ -40,6 +40,15 @@ class Inventory:
 
     async def note(self, text: str) -> None:
         self.log.append(text)  # a notification: nothing is sent back
+
+    async def receive_shipment(self, boxes: rpc.InputStream, supplier: str) -> int:
+        # an upload: the caller sends the boxes one by one, as the server takes them
+        count = 0
+        async for item, amount in boxes:
+            self.stock[item] = self.stock.get(item, 0) + amount
+            count += amount
+        self.log.append(f"{count} from {supplier}")
+        return count
 
     async def items(self) -> AsyncIterator[tuple[str, int]]:
         for item, amount in sorted(self.stock.items()):
@@ -103,6 +112,11 @@ async def main() -> None:
                 with anyio.fail_after(5):
                     await inventory.abandoned.wait()
                 print("audit() was cancelled on the server when the deadline passed")
+
+                async with remote.upload("receive_shipment", "orchard") as shipment:
+                    for _ in range(3):
+                        await shipment.send(("plum", 4))
+                    print(f"plums received: {await shipment.finish()}")
 
                 await remote.notify("note", "restocked pears")
                 async with remote.stream("items") as items:

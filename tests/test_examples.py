@@ -112,10 +112,11 @@ async def test_rpc_service(capsys: pytest.CaptureFixture[str]) -> None:
     assert "pears: 55\n" in out
     assert "remote error: KeyError: 'plum'\n" in out
     assert "audit() was cancelled on the server when the deadline passed\n" in out
-    assert "  apple: 3\n  pear: 55\n" in out
+    assert "plums received: 12\n" in out
+    assert "  apple: 3\n  pear: 55\n  plum: 12\n" in out
     assert "without a name: PermissionError: say who you are\n" in out
-    assert "served: {'call': 13, 'notification': 1, 'stream': 1}\n" in out
-    assert out.endswith("log: ['restocked pears']\n")
+    assert "served: {'call': 13, 'notification': 1, 'stream': 1, 'upload': 1}\n" in out
+    assert out.endswith("log: ['12 from orchard', 'restocked pears']\n")
 
 
 SCRIPT_OUTPUT = {

@@ -409,3 +409,39 @@ async def test_a_pools_clients_use_its_interceptors(kind: str) -> None:
             ):
                 assert await client.call("traced") == ["pool", "call", {"trace": "pool"}]
     assert log == [("pool", "call", "traced", ())]
+
+
+async def test_proceed_runs_a_notification_once() -> None:
+    async def twice(call: rpc.CallContext, proceed: rpc.Proceed) -> Any:
+        if call.kind == "notification":
+            await proceed()
+        return await proceed()
+
+    methods = Methods()
+    with anyio.fail_after(20):
+        async with rpc_server_and_client("tcp", methods, interceptors=[twice]) as (_, client):
+            await client.notify("note", "once")
+            await methods.notified.wait()
+            assert await client.call("add", 1, 1) == 2  # (the notification ran before)
+    assert [seen[0] for seen in methods.seen] == ["once"]
+
+
+async def test_an_interceptor_that_is_a_plain_callable_runs_in_the_calls_context() -> None:
+    """An interceptor may be any callable returning an awaitable: what it does
+    before returning it happens in the call's context too."""
+
+    def tag(call: rpc.CallContext, proceed: rpc.Proceed) -> Any:
+        TRACE.set("set synchronously")
+        return proceed()
+
+    with anyio.fail_after(20):
+        async with rpc_server_and_client("tcp", Methods(), interceptors=[tag]) as (_, client):
+            assert (await client.call("traced"))[0] == "set synchronously"
+    assert TRACE.get() == ""
+
+
+async def test_one_interceptor_not_in_a_list_is_a_type_error() -> None:
+    async with listen_arguments("tcp") as (address, server_kwargs, _):
+        with pytest.raises(TypeError, match="sequence of callables"):
+            async with rpc.serve(address, Methods(), interceptors=set_trace, **server_kwargs):  # type: ignore[arg-type]
+                pass

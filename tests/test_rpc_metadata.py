@@ -23,8 +23,11 @@ from anyio_comm.rpc._protocol import (
     MAX_METADATA_ENTRIES,
     MAX_METADATA_KEY,
     Call,
+    Credit,
+    End,
     ErrorCode,
     ErrorReply,
+    Item,
     Notify,
     ProtocolViolation,
     Result,
@@ -132,14 +135,15 @@ async def test_a_call_without_metadata_gets_a_reply_without_trailers() -> None:
 
 
 async def test_items_a_receiver_does_not_know_are_ignored() -> None:
-    """A CALL with an item after its metadata is served; the decoder takes
+    """A CALL with an item after its last known one is served; the decoder takes
     replies with items after their trailers."""
     with anyio.fail_after(20):
         async with (
             rpc.serve("tcp://127.0.0.1:0", Methods()) as server,
             await anyio_comm.connect(server.address) as comm,
         ):
-            await comm.send([*Call(1, "echo", [], {}, None, False, {}).encode(), "later"])
+            # (after the metadata, CALL's next item is input: the unknown one follows it)
+            await comm.send([*Call(1, "echo", [], {}, None, False, {}).encode(), False, "later"])
             assert decode(await comm.receive()) == Result(
                 1, {}, {"served-by": "here", "count": "0"}
             )
@@ -232,6 +236,10 @@ def test_the_guides_golden_bodies() -> None:
             1, "whoami", [], {}, None, False, {"trace-id": "abc", "token": b"\x01\x02"}
         ),
         "rpc-result-trailers": Result(1, "ok", {"served-by": "a"}),
+        "rpc-call-input": Call(2, "store", ["a.txt"], {}, 5, False, None, True),
+        "rpc-credit-input": Credit(2, 16),
+        "rpc-item-input": Item(2, b"\x00\x01"),
+        "rpc-end": End(2),
     }
     assert set(blocks) == set(expected)
     for name, message in expected.items():

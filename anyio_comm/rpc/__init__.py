@@ -36,10 +36,12 @@ from ._errors import (
     UnavailableError,
 )
 from ._health import HEALTH_METHOD, HealthStatus
+from ._input import DEFAULT_INPUT_WINDOW, InputStream
 from ._interceptors import ClientInterceptor, OutgoingCall, Proceed, ServerInterceptor
 from ._interceptors import check_interceptors as _check_interceptors
 from ._outbox import DEFAULT_LIMIT as _DEFAULT_LIMIT
 from ._pool import Pool
+from ._sending import Channel, Upload
 from ._server import Server, serve
 
 if _TYPE_CHECKING:
@@ -50,15 +52,18 @@ if _TYPE_CHECKING:
     from .._options import Options, OptionsKeywords
 
 __all__ = [
+    "DEFAULT_INPUT_WINDOW",
     "DEFAULT_STREAM_WINDOW",
     "HEALTH_METHOD",
     "BadCallError",
     "CallContext",
     "CallKind",
+    "Channel",
     "Client",
     "ClientInterceptor",
     "DeadlineExceededError",
     "HealthStatus",
+    "InputStream",
     "InvalidArgumentsError",
     "MethodNotFoundError",
     "OutgoingCall",
@@ -71,6 +76,7 @@ __all__ = [
     "ServerInterceptor",
     "Stream",
     "UnavailableError",
+    "Upload",
     "WithMetadata",
     "connect",
     "current_call",

@@ -35,12 +35,14 @@ from ._protocol import (
     check_metadata,
     decode,
 )
+from ._sending import Channel, InputCredit, Upload
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from .._backend import Backend
     from .._comm import Comm
+    from ._context import CallKind
     from ._interceptors import ClientInterceptor
 
 __all__ = ["DEFAULT_STREAM_WINDOW", "Client", "Stream", "WithMetadata", "open_client"]
@@ -54,7 +56,7 @@ READ_BATCH = 64
 class _Pending:
     """A call waiting for its reply."""
 
-    __slots__ = ("event", "outcome", "trailers")
+    __slots__ = ("event", "input", "outcome", "trailers")
 
     def __init__(self, trailers: Metadata | None = None) -> None:
         self.event = anyio.Event()
@@ -62,10 +64,14 @@ class _Pending:
         self.outcome: Result | ErrorReply | BaseException | None = None
         #: where the reply's trailers go (the caller's dict), if anywhere
         self.trailers = trailers
+        #: the server's credit for the items of an upload or a channel
+        self.input: InputCredit | None = None
 
     def finish(self, outcome: Result | ErrorReply | BaseException) -> None:
         self.outcome = outcome
         self.event.set()
+        if self.input is not None:
+            self.input.wake()  # a sender waiting for credit learns the end
 
 
 class _StreamPending(_Pending):
@@ -362,42 +368,48 @@ class Client:
         """:meth:`stream`, with ``metadata`` sent and the final reply's trailers
         put in ``trailers``, through the interceptors."""
         if self._interceptors:
-            return self._stream_intercepted(method, args, kwargs, metadata, trailers)
+            return self._opened_intercepted(
+                "stream", self._stream_plain, method, args, kwargs, metadata, trailers
+            )
         return self._stream_plain(method, args, kwargs, metadata, trailers)
 
     @asynccontextmanager
-    async def _stream_intercepted(
+    async def _opened_intercepted(
         self,
+        kind: CallKind,
+        opener: Callable[..., AbstractAsyncContextManager[Any]],
         method: str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         metadata: Metadata | None,
         trailers: Metadata | None,
-    ) -> AsyncIterator[AsyncIterator[Any]]:
-        """:meth:`_stream` through the interceptors: their ``proceed()`` opens
-        the stream, and what the first returns is what the block iterates."""
-        outgoing = OutgoingCall("stream", method, args, kwargs, dict(metadata or {}))
+    ) -> AsyncIterator[Any]:
+        """A stream, an upload or a channel (``opener`` opens it past the
+        interceptors) through the interceptors: their ``proceed()`` opens it,
+        and what the first returns is what the block gets."""
+        outgoing = OutgoingCall(kind, method, args, kwargs, dict(metadata or {}))
         async with contextlib.AsyncExitStack() as opened:
 
-            async def proceed() -> Stream:
+            async def proceed() -> Any:
                 sent = _metadata_to_send(outgoing.metadata, metadata)
                 return await opened.enter_async_context(
-                    self._stream_plain(
-                        outgoing.method, outgoing.args, outgoing.kwargs, sent, trailers
-                    )
+                    opener(outgoing.method, outgoing.args, outgoing.kwargs, sent, trailers)
                 )
 
-            items = await intercepted(self._interceptors, outgoing, proceed)
-            if not isinstance(items, AsyncIterator):
+            given = await intercepted(self._interceptors, outgoing, proceed)
+            if kind != "stream":
+                yield given
+                return
+            if not isinstance(given, AsyncIterator):
                 raise TypeError(
-                    f"a stream's interceptor returned {type(items).__name__}, not the stream"
+                    f"a stream's interceptor returned {type(given).__name__}, not the stream"
                     " proceed() returned or an async iterator"
                 )
             try:
-                yield items
+                yield given
             finally:
-                close = getattr(items, "aclose", None)
-                if type(items) is not Stream and close is not None:
+                close = getattr(given, "aclose", None)
+                if type(given) is not Stream and close is not None:
                     await close()
 
     @asynccontextmanager
@@ -408,9 +420,14 @@ class Client:
         kwargs: dict[str, Any],
         metadata: Metadata | None,
         trailers: Metadata | None,
+        *,
+        with_input: bool = False,
     ) -> AsyncIterator[Stream]:
-        """:meth:`_stream` past the interceptors."""
+        """:meth:`_stream` past the interceptors (a channel's results, if
+        ``with_input``)."""
         pending = _StreamPending(self._window, trailers)
+        if with_input:
+            pending.input = InputCredit()
         call_id, entry = await self._send_call(method, args, kwargs, metadata, pending)
         self._outbox.put_now(Credit(call_id, self._window).encode())
         stream = Stream(self, method, call_id, pending, self._window)
@@ -421,6 +438,143 @@ class Client:
             self._withdraw(call_id, entry)
             if pending.outcome is None:  # a task waiting for an item wakes up
                 pending.finish(anyio.ClosedResourceError())
+
+    def upload(
+        self, method: str, /, *args: Any, **kwargs: Any
+    ) -> AbstractAsyncContextManager[Upload]:
+        """Call ``method``, which takes a stream of items, and send them:
+        ``async with client.upload("m", *args) as upload: await
+        upload.send(item); ...; result = await upload.finish()``.
+
+        The handler gets the items as its first argument, an async iterator
+        (:class:`rpc.InputStream <anyio_comm.rpc.InputStream>`), before
+        ``args``; :meth:`Upload.send` waits while ``input_window`` items wait
+        on the server (flow control). Leaving the block before :meth:`Upload.finish`
+        returned, or being cancelled, cancels the call on the server.
+        Deadlines travel as with :meth:`call`.
+
+        Raises:
+            the errors of :meth:`call` (when the block is entered, or from
+            :meth:`Upload.send` and :meth:`Upload.finish`); BadCallError:
+            ``method`` is a generator (use :meth:`channel`).
+        """
+        return self._upload(method, args, kwargs, None, None)
+
+    def _upload(
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        metadata: Metadata | None,
+        trailers: Metadata | None,
+    ) -> AbstractAsyncContextManager[Upload]:
+        """:meth:`upload`, with ``metadata`` sent and the reply's trailers put
+        in ``trailers``, through the interceptors."""
+        if self._interceptors:
+            return self._opened_intercepted(
+                "upload", self._upload_plain, method, args, kwargs, metadata, trailers
+            )
+        return self._upload_plain(method, args, kwargs, metadata, trailers)
+
+    @asynccontextmanager
+    async def _upload_plain(
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        metadata: Metadata | None,
+        trailers: Metadata | None,
+    ) -> AsyncIterator[Upload]:
+        """:meth:`_upload` past the interceptors."""
+        pending = _Pending(trailers)
+        pending.input = InputCredit()
+        call_id, entry = await self._send_call(method, args, kwargs, metadata, pending)
+        upload = Upload(self, method, call_id, pending)
+        try:
+            yield upload
+        finally:
+            upload._sender._closed = True
+            self._withdraw(call_id, entry)
+            if pending.outcome is None:
+                pending.finish(anyio.ClosedResourceError())
+
+    def channel(
+        self, method: str, /, *args: Any, **kwargs: Any
+    ) -> AbstractAsyncContextManager[Channel]:
+        """Call ``method``, an async generator that takes a stream of items,
+        with items both ways: ``async with client.channel("m", *args) as
+        channel:``, then :meth:`Channel.send`, :meth:`Channel.end`, and
+        ``async for result in channel`` (or :meth:`Channel.receive`), from one
+        task or two.
+
+        The handler gets the items as its first argument, an async iterator,
+        before ``args``. Flow control holds both ways: ``send`` waits while
+        ``input_window`` items wait on the server, and the handler waits while
+        ``stream_window`` of its items wait here. Leaving the block before the
+        handler's stream ended, or being cancelled, cancels the call on the
+        server. Deadlines travel as with :meth:`call`.
+
+        Raises:
+            the errors of :meth:`call` (when the block is entered, or from the
+            channel's methods); BadCallError: ``method`` is not a generator
+            (use :meth:`upload`).
+        """
+        return self._channel(method, args, kwargs, None, None)
+
+    def _channel(
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        metadata: Metadata | None,
+        trailers: Metadata | None,
+    ) -> AbstractAsyncContextManager[Channel]:
+        """:meth:`channel`, with ``metadata`` sent and the final reply's
+        trailers put in ``trailers``, through the interceptors."""
+        if self._interceptors:
+            return self._opened_intercepted(
+                "channel", self._channel_plain, method, args, kwargs, metadata, trailers
+            )
+        return self._channel_plain(method, args, kwargs, metadata, trailers)
+
+    @asynccontextmanager
+    async def _channel_plain(
+        self,
+        method: str,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        metadata: Metadata | None,
+        trailers: Metadata | None,
+    ) -> AsyncIterator[Channel]:
+        """:meth:`_channel` past the interceptors."""
+        async with self._stream_plain(
+            method, args, kwargs, metadata, trailers, with_input=True
+        ) as results:
+            channel = Channel(self, method, results._call_id, results._pending, results)
+            try:
+                yield channel
+            finally:
+                channel._sender._closed = True
+
+    async def _send_input(self, method: str, call_id: int, message: list[Any]) -> None:
+        """Queue an ITEM or the END of a call's input; a refusal of it (over the
+        server's limits) fails the call, and cancels it on the server.
+
+        Raises:
+            SerializationError: it cannot be serialized (nothing is queued).
+            LocalProtocolError: it is over the server's limits.
+            UnavailableError: the connection ended.
+            anyio.ClosedResourceError: the client was closed.
+        """
+        try:
+            await self._outbox.put(message, partial(self._input_refused, call_id))
+        except (anyio.BrokenResourceError, anyio.ClosedResourceError) as exc:
+            raise self._unavailable(method, self._ended or exc) from exc
+
+    def _input_refused(self, call_id: int, error: LocalProtocolError) -> None:
+        if call_id in self._calls:
+            self._refused(call_id, error)
+            self._outbox.put_now(Cancel(call_id).encode())
 
     async def _send_call(
         self,
@@ -441,7 +595,14 @@ class Client:
         self._next_id = call_id + 1
         stream = type(pending) is _StreamPending
         message = Call(
-            call_id, method, list(args), kwargs, self._timeout(), stream, metadata
+            call_id,
+            method,
+            list(args),
+            kwargs,
+            self._timeout(),
+            stream,
+            metadata,
+            pending.input is not None,
         ).encode()
         try:
             entry = await self._outbox.put(message, partial(self._refused, call_id))
@@ -597,6 +758,16 @@ class Client:
                         error = ProtocolViolation("a server sent stream items for a call")
                         await _refuse(comm, error)
                         return error
+                elif type(reply) is Credit:
+                    pending = calls.get(reply.id)
+                    if pending is not None:  # (else the call ended)
+                        if pending.input is None:
+                            error = ProtocolViolation(
+                                "a server gave credit to a call without input"
+                            )
+                            await _refuse(comm, error)
+                            return error
+                        pending.input.add(reply.count)
                 else:
                     error = ProtocolViolation(f"a server sent a {type(reply).__name__} message")
                     await _refuse(comm, error)
@@ -662,6 +833,26 @@ class WithMetadata:
             the errors of :meth:`Client.stream`.
         """
         return self._client._stream(method, args, kwargs, self._metadata, self._trailers)
+
+    def upload(
+        self, method: str, /, *args: Any, **kwargs: Any
+    ) -> AbstractAsyncContextManager[Upload]:
+        """:meth:`Client.upload`, with the metadata.
+
+        Raises:
+            the errors of :meth:`Client.upload`.
+        """
+        return self._client._upload(method, args, kwargs, self._metadata, self._trailers)
+
+    def channel(
+        self, method: str, /, *args: Any, **kwargs: Any
+    ) -> AbstractAsyncContextManager[Channel]:
+        """:meth:`Client.channel`, with the metadata.
+
+        Raises:
+            the errors of :meth:`Client.channel`.
+        """
+        return self._client._channel(method, args, kwargs, self._metadata, self._trailers)
 
     async def notify(self, method: str, /, *args: Any, **kwargs: Any) -> None:
         """:meth:`Client.notify`, with the metadata.

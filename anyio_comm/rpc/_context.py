@@ -30,9 +30,10 @@ if TYPE_CHECKING:
 
 __all__ = ["CallContext", "CallKind", "InContext", "current_call"]
 
-#: what a call is: one result (``call``), a stream of them (``stream``), or
-#: none (``notification``)
-CallKind = Literal["call", "stream", "notification"]
+#: what a call is: arguments in and one result out (``call``), a stream of
+#: results out (``stream``), a stream of items in and one result out
+#: (``upload``), streams both ways (``channel``), or no result (``notification``)
+CallKind = Literal["call", "stream", "upload", "channel", "notification"]
 
 _NO_DEFAULT: Any = object()
 _NO_METADATA: Final[Mapping[str, str | bytes]] = MappingProxyType({})
@@ -47,8 +48,9 @@ class CallContext:
     Attributes:
         method: the name the caller called.
         id: the caller's number for the call (``None`` for a notification).
-        kind: ``"call"`` (one result), ``"stream"`` (a streaming call) or
-            ``"notification"``.
+        kind: ``"call"`` (one result), ``"stream"`` (results streamed),
+            ``"upload"`` (the caller streams items, one result), ``"channel"``
+            (streams both ways) or ``"notification"``.
     """
 
     __slots__ = ("_clock", "_comm", "_deadline", "_metadata", "_trailers", "id", "kind", "method")

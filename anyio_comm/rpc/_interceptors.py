@@ -82,8 +82,11 @@ def check_interceptors(interceptors: Sequence[Any]) -> tuple[Any, ...]:
     """``interceptors`` as a tuple.
 
     Raises:
-        TypeError: one of them is not callable.
+        TypeError: one of them is not callable, or ``interceptors`` is a
+            callable itself rather than a sequence of them.
     """
+    if callable(interceptors):
+        raise TypeError("interceptors must be a sequence of callables: put the one in a list")
     checked = tuple(interceptors)
     for interceptor in checked:
         if not callable(interceptor):

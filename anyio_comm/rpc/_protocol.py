@@ -1,17 +1,18 @@
 """The RPC messages: ordinary anyio-comm messages, each a MessagePack array
 whose first item says its kind (docs/guides/rpc.md, "Wire format").
 
-========== ============================================================= =========
-kind       items                                                         sent by
-========== ============================================================= =========
-0 CALL     ``0, id, method, args, kwargs, timeout, stream[, metadata]``  client
-1 RESULT   ``1, id, value[, trailers]``                                  server
-2 ERROR    ``2, id, code, type, message[, trailers]``                    server
-3 CANCEL   ``3, id``                                                     client
-4 NOTIFY   ``4, method, args, kwargs[, metadata]``                       client
-5 ITEM     ``5, id, value``                                              server
-6 CREDIT   ``6, id, count``                                              client
-========== ============================================================= =========
+========== ===================================================================== =========
+kind       items                                                                 sent by
+========== ===================================================================== =========
+0 CALL     ``0, id, method, args, kwargs, timeout, stream[, metadata[, input]]`` client
+1 RESULT   ``1, id, value[, trailers]``                                          server
+2 ERROR    ``2, id, code, type, message[, trailers]``                            server
+3 CANCEL   ``3, id``                                                             client
+4 NOTIFY   ``4, method, args, kwargs[, metadata]``                               client
+5 ITEM     ``5, id, value``                                                      either
+6 CREDIT   ``6, id, count``                                                      either
+7 END      ``7, id``                                                             client
+========== ===================================================================== =========
 
 ``id`` is the client's number for the call (an unsigned 64-bit integer, never
 reused on one connection while the call runs); ``args`` an array, ``kwargs`` a
@@ -21,8 +22,11 @@ client wants the results as a stream. A streaming call's results come as ITEM
 messages, each allowed by a CREDIT (its CALL grants none: the client sends
 CREDIT as it wants items), and it ends with a RESULT (nil) or an ERROR. Every
 CALL gets exactly one RESULT or ERROR, unless the client cancelled it (CANCEL):
-then it may get one or none. ``metadata`` and ``trailers`` are maps of str keys
-to str or bytes values (:func:`check_metadata` bounds them); a reply carries
+then it may get one or none. ``input`` true makes the call take a stream of
+items from the client too: the client's ITEMs, each allowed by the server's
+CREDIT, ended by END. ``metadata`` and ``trailers`` are maps of str keys
+to str or bytes values (:func:`check_metadata` bounds them); a CALL's
+``metadata`` may be nil (none) when ``input`` follows; a reply carries
 trailers only if its CALL carried metadata. Items beyond those of a message's
 kind are ignored, so that later additions reach older peers harmlessly. Nothing
 here does I/O.
@@ -43,6 +47,7 @@ __all__ = [
     "Call",
     "Cancel",
     "Credit",
+    "End",
     "ErrorCode",
     "ErrorReply",
     "Item",
@@ -108,6 +113,7 @@ class Kind(enum.IntEnum):
     NOTIFY = 4
     ITEM = 5
     CREDIT = 6
+    END = 7
 
 
 class ErrorCode(str, enum.Enum):
@@ -143,8 +149,11 @@ class Call:
     kwargs: dict[str, Any]
     timeout: float | None
     stream: bool = False
-    #: ``None``: the CALL has no metadata item (a client that sends none)
+    #: ``None``: the CALL has no metadata item (a client that sends none), or a
+    #: nil one before ``input``
     metadata: Metadata | None = None
+    #: the client sends the call a stream of items (ITEM ... END)
+    input: bool = False
 
     def encode(self) -> list[Any]:
         message: list[Any] = [
@@ -156,7 +165,9 @@ class Call:
             self.timeout,
             self.stream,
         ]
-        if self.metadata is not None:
+        if self.input:
+            message += (self.metadata, True)
+        elif self.metadata is not None:
             message.append(self.metadata)
         return message
 
@@ -227,7 +238,15 @@ class Credit:
         return [Kind.CREDIT, self.id, self.count]
 
 
-Message = Call | Result | ErrorReply | Cancel | Notify | Item | Credit
+@dataclass(slots=True)
+class End:
+    id: int
+
+    def encode(self) -> list[Any]:
+        return [Kind.END, self.id]
+
+
+Message = Call | Result | ErrorReply | Cancel | Notify | Item | Credit | End
 
 _LENGTHS: Final[dict[int, int]] = {
     Kind.CALL: 7,
@@ -237,6 +256,7 @@ _LENGTHS: Final[dict[int, int]] = {
     Kind.NOTIFY: 4,
     Kind.ITEM: 3,
     Kind.CREDIT: 3,
+    Kind.END: 2,
 }
 _CODES: Final = {code.value: code for code in ErrorCode}
 
@@ -267,6 +287,20 @@ def _arguments(args: object, kwargs: object) -> tuple[list[Any], dict[str, Any]]
     if type(kwargs) is not dict or not all(type(key) is str for key in kwargs):
         raise ProtocolViolation("kwargs must be a map with string keys")
     return args, kwargs
+
+
+def _call_extras(message: list[Any]) -> tuple[Metadata | None, bool]:
+    """A CALL's optional items: its metadata (nil: none, allowed when ``input``
+    follows) and ``input``."""
+    if len(message) == 7:
+        return None, False
+    metadata = message[7]
+    if len(message) == 8:
+        return _metadata(metadata, "metadata"), False
+    wants_input = message[8]
+    if type(wants_input) is not bool:
+        raise ProtocolViolation(f"input must be true or false, not {wants_input!r}")
+    return (None if metadata is None else _metadata(metadata, "metadata")), wants_input
 
 
 def decode(message: object) -> Message:
@@ -312,7 +346,7 @@ def _decode(message: object) -> Message:
             kwargs,
             timeout,
             stream,
-            _metadata(message[7], "metadata") if len(message) > 7 else None,
+            *_call_extras(message),
         )
     if kind == Kind.RESULT:
         if len(message) == 3:
@@ -341,6 +375,8 @@ def _decode(message: object) -> Message:
         )
     if kind == Kind.ITEM:
         return Item(_id(message[1]), message[2])
+    if kind == Kind.END:
+        return End(_id(message[1]))
     count = message[2]
     if type(count) is not int or not 1 <= count <= MAX_ID:
         raise ProtocolViolation(f"a credit must be an integer from 1 to 2**64-1, not {count!r}")

@@ -58,15 +58,17 @@ from .._options import Options, OptionsKeywords, resolve_options
 from .._sansio.budget import DEFAULT_RECEIVE_BUDGET, ReceiveBudget
 from .._sansio.close import CloseCode, CloseReason
 from .._sansio.errors import LocalProtocolError, SerializationError
-from ._context import CURRENT_CALL, CallContext, InContext
+from ._context import CURRENT_CALL, CallContext, CallKind, InContext
 from ._errors import error_for
 from ._health import HEALTH_METHOD, HealthStatus
+from ._input import DEFAULT_INPUT_WINDOW, InputStream
 from ._interceptors import check_interceptors, intercepted
 from ._outbox import DEFAULT_LIMIT, Outbox
 from ._protocol import (
     Call,
     Cancel,
     Credit,
+    End,
     ErrorCode,
     ErrorReply,
     Item,
@@ -164,6 +166,19 @@ def _name(method: str) -> str:
 _WAITED_PAST_DEADLINE: Final = "{} waited past its deadline"
 
 
+#: what a call is, by its CALL's ``stream`` and ``input``
+_KINDS: Final[dict[tuple[bool, bool], CallKind]] = {
+    (False, False): "call",
+    (True, False): "stream",
+    (False, True): "upload",
+    (True, True): "channel",
+}
+
+
+def _no_release(nbytes: int) -> None:
+    """A listener without a receive budget gives nothing back."""
+
+
 def _refusal(call: Call, code: ErrorCode, text: str) -> ErrorReply:
     """The server's own answer to ``call`` (no handler raised it): its ``type``
     is the code's name (``DEADLINE_EXCEEDED``, ``OVERLOADED``, ...), whichever
@@ -250,6 +265,7 @@ class _Running:
         "deadline",
         "failure",
         "holds_slot",
+        "input",
         "scope",
         "started",
         "withdrawn",
@@ -274,6 +290,8 @@ class _Running:
         self.allowance = 0
         self.credit = 0
         self.credited: anyio.Event | None = None
+        #: the items the client sends an upload or a channel
+        self.input: InputStream | None = None
 
     def add_credit(self, count: int) -> None:
         self.credit += count
@@ -421,9 +439,11 @@ class Server:
         overload: Literal["wait", "reject"],
         max_queued: int,
         interceptors: tuple[ServerInterceptor, ...] = (),
+        input_window: int = DEFAULT_INPUT_WINDOW,
     ) -> None:
         self._methods = methods
         self._interceptors = interceptors
+        self._input_window = input_window
         self._max_per_connection = max_calls_per_connection
         self._max_waiting = max_waiting_per_connection
         self._slots = _Slots(max_calls)
@@ -594,6 +614,17 @@ class Server:
                     running = session.running.get(request.id)
                     if running is not None:
                         running.add_credit(request.count)
+                elif type(request) is Item or type(request) is End:
+                    running = session.running.get(request.id)
+                    if running is not None:  # (else the call ended: dropped)
+                        items = running.input
+                        if items is None:
+                            raise ProtocolViolation("a client sent items to a call without input")
+                        if type(request) is Item:
+                            items.add(request.value, held)
+                            held = 0  # the item holds it until the handler takes it
+                        else:
+                            items.end()
                 else:
                     raise ProtocolViolation(f"a client sent a {type(request).__name__} message")
             except ProtocolViolation as exc:
@@ -636,12 +667,28 @@ class Server:
             if self._admit(session, running):
                 session.running[call.id] = running
                 assert method is not None
+                if call.input:
+                    self._open_input(session, call, running)
                 return _Invocation(call, method, running)
             refusal = ErrorCode.OVERLOADED, "the server is at its call limit"
         if held:
             session.keeper.release(held)  # type: ignore[union-attr]
         self._refuse(session, call, *refusal)
         return None
+
+    def _open_input(self, session: _Session, call: Call, running: _Running) -> None:
+        """Give an upload or a channel its input stream, the handler's first
+        argument, and the client its first credit."""
+        keeper = session.keeper
+        items = InputStream(
+            call.id,
+            self._input_window,
+            session.outbox.put_now,
+            _no_release if keeper is None else keeper.release,
+        )
+        running.input = items
+        call.args.insert(0, items)
+        session.outbox.put_now(Credit(call.id, self._input_window).encode())
 
     def _start_notify(
         self, session: _Session, notify: Notify, held: int
@@ -777,6 +824,8 @@ class Server:
         """Take a call out of the queue before it started (a worker skips it)."""
         running.withdrawn = True
         del session.running[call_id]
+        if running.input is not None:
+            running.input.discard()
         self._release(session, running)
         self._uncharge(session, running)
         session.task_ended()
@@ -884,7 +933,7 @@ class Server:
                 running.deadline,
                 session.clock,
                 call.metadata,
-                "stream" if call.stream else "call",
+                _KINDS[call.stream, call.input],
             )
             context.run(CURRENT_CALL.set, about)
             handled = False  # (a deadline before the handler: it waited past it)
@@ -921,6 +970,8 @@ class Server:
             await self._reply(session, call, reply)
         finally:
             del session.running[call.id]
+            if running.input is not None:
+                running.input.discard()
 
     async def _invoke(
         self, work: _Invocation[Call], context: contextvars.Context
@@ -1021,7 +1072,9 @@ class Server:
             return result
 
         try:
-            value = await InContext(intercepted(self._interceptors, about, proceed), context)
+            # (the first interceptor is called inside the context too)
+            chain = context.run(intercepted, self._interceptors, about, proceed)
+            value = await InContext(chain, context)
         except Exception as exc:
             if exc is refusal_error and refusal is not None:
                 return refusal
@@ -1063,12 +1116,18 @@ class Server:
         self._uncharge(session, running)
         try:
             if self._interceptors:
+                proceeded = False
 
                 async def proceed() -> Any:
+                    nonlocal proceeded
+                    if proceeded:
+                        raise RuntimeError("proceed() runs the call once; it was called before")
+                    proceeded = True
                     result = work.handler(*notify.args, **notify.kwargs)
                     return (await result) if inspect.isawaitable(result) else result
 
-                await InContext(intercepted(self._interceptors, about, proceed), context)
+                chain = context.run(intercepted, self._interceptors, about, proceed)
+                await InContext(chain, context)
                 return
             result = context.run(work.handler, *notify.args, **notify.kwargs)
             if inspect.iscoroutine(result):
@@ -1091,6 +1150,7 @@ def serve(
     overload: Literal["wait", "reject"] = ...,
     max_queued: int = ...,
     interceptors: Sequence[ServerInterceptor] = ...,
+    input_window: int = ...,
     options: Options | None = ...,
     max_connections: int | None = ...,
     receive_budget: ReceiveBudget | int | None = ...,
@@ -1110,6 +1170,7 @@ def serve(
     overload: Literal["wait", "reject"] = ...,
     max_queued: int = ...,
     interceptors: Sequence[ServerInterceptor] = ...,
+    input_window: int = ...,
     options: Options | None = ...,
     max_connections: int | None = ...,
     receive_budget: ReceiveBudget | int | None = ...,
@@ -1129,6 +1190,7 @@ def serve(
     overload: Literal["wait", "reject"] = "wait",
     max_queued: int = DEFAULT_LIMIT,
     interceptors: Sequence[ServerInterceptor] = (),
+    input_window: int = DEFAULT_INPUT_WINDOW,
     options: Options | None = None,
     max_connections: int | None = None,
     receive_budget: ReceiveBudget | int | None = DEFAULT_RECEIVE_BUDGET,
@@ -1171,6 +1233,8 @@ def serve(
             refuse the call (the caller gets the error a handler's raising
             would give). They run in the call's context, within its deadline
             (see the RPC guide, "Interceptors").
+        input_window: items of an upload's or a channel's input the client
+            may send before the handler takes them.
         options: as for :func:`anyio_comm.listen`, and so are
             ``max_connections``, ``receive_budget``, ``backlog``,
             ``ssl_context``, ``handshake_threads`` and the fields of
@@ -1184,17 +1248,21 @@ def serve(
     Raises:
         TypeError: ``handlers`` has a method that is not callable, or a name
             that is not a str; an interceptor is not callable.
-        ValueError: ``max_calls_per_connection``, ``max_calls`` or
-            ``max_queued`` is below 1, ``max_waiting_per_connection`` is
-            negative, ``overload`` is neither value, or ``handlers`` has a
+        ValueError: ``max_calls_per_connection``, ``max_calls``,
+            ``max_queued`` or ``input_window`` is below 1,
+            ``max_waiting_per_connection`` is negative, ``overload`` is
+            neither value, or ``handlers`` has a
             method named ``rpc.health`` (the health service's: see
             :meth:`Server.set_serving`).
         OSError: as :func:`anyio_comm.listen` raises.
     """
-    if min(max_calls_per_connection, max_calls, max_queued) < 1 or max_waiting_per_connection < 0:
+    if (
+        min(max_calls_per_connection, max_calls, max_queued, input_window) < 1
+        or max_waiting_per_connection < 0
+    ):
         raise ValueError(
-            "max_calls_per_connection, max_calls and max_queued must be at least 1, "
-            "max_waiting_per_connection at least 0"
+            "max_calls_per_connection, max_calls, max_queued and input_window must be at"
+            " least 1, max_waiting_per_connection at least 0"
         )
     if overload not in ("wait", "reject"):
         raise ValueError(f"overload must be 'wait' or 'reject', not {overload!r}")
@@ -1206,6 +1274,7 @@ def serve(
         overload=overload,
         max_queued=max_queued,
         interceptors=check_interceptors(interceptors),
+        input_window=input_window,
     )
     listening = listen(
         address,
