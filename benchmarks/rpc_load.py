@@ -9,13 +9,18 @@ on its own. The systems:
   connection (``rpc.connect``);
 * ``rpc-pool``: ``anyio_comm.rpc.Pool(max_per_address=4)``, the callers
   spread over its connections;
+* ``rpc-channel``: ``anyio_comm.rpc`` bidirectional streams, one channel per
+  caller over one connection (``client.channel``), each call a ``send`` of the
+  argument to a handler that yields it back, then a ``receive``;
 * ``comms``: plain anyio-comm comms, one per caller (1000 connections), each
   call a ``send`` then a ``receive``;
 * ``dask`` (asyncio only): dask's ``ConnectionPool`` (its default limit, 512
   connections) against a ``distributed.core.Server`` over dask's ``tcp://``,
   as dask's scheduler and workers call one another;
 * ``grpc`` (asyncio only, if grpcio is installed): a ``grpc.aio`` unary call
-  over one channel, the request and reply msgpack-encoded by the caller.
+  over one channel, the request and reply msgpack-encoded by the caller;
+* ``grpc-stream`` (asyncio only, as ``grpc``): a ``grpc.aio`` bidirectional
+  stream per caller over one channel, each call a ``write`` then a ``read``.
 
 Each round runs every system once, in an order that rotates from round to
 round, for ``--warmup`` seconds then ``--seconds`` measured: the calls that
@@ -51,8 +56,8 @@ if TYPE_CHECKING:
     import argparse
     from multiprocessing.connection import Connection
 
-SYSTEMS = ("rpc", "rpc-pool", "comms", "dask", "grpc")
-ASYNCIO_ONLY = ("dask", "grpc")
+SYSTEMS = ("rpc", "rpc-pool", "rpc-channel", "comms", "dask", "grpc", "grpc-stream")
+ASYNCIO_ONLY = ("dask", "grpc", "grpc-stream")
 POOL_CONNECTIONS = 4
 PAYLOAD = b"x" * 100
 CALL_TIMEOUT = 60.0  # seconds a window may take to wind down, a hang guard
@@ -74,11 +79,11 @@ class Case:
 def systems_for(backend: str, wanted: tuple[str, ...]) -> tuple[str, ...]:
     """The systems of ``wanted`` that run on ``backend`` (and are installed)."""
     systems = [s for s in wanted if backend == "asyncio" or s not in ASYNCIO_ONLY]
-    if "grpc" in systems:
+    if "grpc" in systems or "grpc-stream" in systems:
         try:
             import grpc  # noqa: F401
         except ImportError:
-            systems.remove("grpc")
+            systems = [s for s in systems if not s.startswith("grpc")]
     return tuple(systems)
 
 
@@ -87,6 +92,11 @@ def systems_for(backend: str, wanted: tuple[str, ...]) -> tuple[str, ...]:
 
 async def _echo(value: Any) -> Any:
     return value
+
+
+async def _echo_channel(items: rpc.InputStream) -> Any:
+    async for item in items:
+        yield item
 
 
 async def _serve_comm(comm: anyio_comm.Comm) -> None:
@@ -102,9 +112,14 @@ async def _server(conn: Connection, case: Case) -> None:
     with anyio.fail_after(budget):
         async with contextlib.AsyncExitStack() as stack:
             server = await stack.enter_async_context(
-                rpc.serve("tcp://127.0.0.1:0", {"echo": _echo}, max_calls_per_connection=2000)
+                rpc.serve(
+                    "tcp://127.0.0.1:0",
+                    {"echo": _echo, "echo_channel": _echo_channel},
+                    max_calls_per_connection=case.callers + 1000,
+                    max_calls=case.callers + 1000,
+                )
             )
-            addresses["rpc"] = addresses["rpc-pool"] = server.address
+            addresses["rpc"] = addresses["rpc-pool"] = addresses["rpc-channel"] = server.address
             listener = await stack.enter_async_context(
                 anyio_comm.listen("tcp://127.0.0.1:0", _serve_comm)
             )
@@ -119,21 +134,29 @@ async def _server(conn: Connection, case: Case) -> None:
                 await dask_server.listen("tcp://127.0.0.1:0")
                 stack.push_async_callback(dask_server.close)
                 addresses["dask"] = dask_server.address
-            if "grpc" in case.systems:
+            if "grpc" in case.systems or "grpc-stream" in case.systems:
                 import grpc
 
                 async def grpc_echo(request: bytes, context: object) -> bytes:  # noqa: ARG001
                     return request
 
+                async def grpc_chat(requests: Any, context: object) -> Any:  # noqa: ARG001
+                    async for request in requests:
+                        yield request
+
                 grpc_server = grpc.aio.server()
                 handler = grpc.method_handlers_generic_handler(
-                    "bench", {"echo": grpc.unary_unary_rpc_method_handler(grpc_echo)}
+                    "bench",
+                    {
+                        "echo": grpc.unary_unary_rpc_method_handler(grpc_echo),
+                        "chat": grpc.stream_stream_rpc_method_handler(grpc_chat),
+                    },
                 )
                 grpc_server.add_generic_rpc_handlers((handler,))
                 port = grpc_server.add_insecure_port("127.0.0.1:0")
                 await grpc_server.start()
                 stack.push_async_callback(grpc_server.stop, None)
-                addresses["grpc"] = f"127.0.0.1:{port}"
+                addresses["grpc"] = addresses["grpc-stream"] = f"127.0.0.1:{port}"
             conn.send(("ready", addresses))
             await anyio.wait_readable(conn.fileno())
 
@@ -172,6 +195,19 @@ async def _callers(system: str, address: str, callers: int) -> Any:
                     return await remote.call("echo", {"i": i, "data": PAYLOAD})
 
             yield [pooled] * callers
+        elif system == "rpc-channel":
+            client = await stack.enter_async_context(rpc.connect(address, max_queued=callers))
+
+            async def open_channel() -> Any:
+                channel = await stack.enter_async_context(client.channel("echo_channel"))
+
+                async def exchange(i: int) -> Any:
+                    await channel.send({"i": i, "data": PAYLOAD})
+                    return await channel.receive()
+
+                return exchange
+
+            yield [await open_channel() for _ in range(callers)]
         elif system == "comms":
             comms = []
             for _ in range(callers):
@@ -207,6 +243,24 @@ async def _callers(system: str, address: str, callers: int) -> Any:
                 return msgpack.unpackb(reply)
 
             yield [grpc_call] * callers
+        elif system == "grpc-stream":
+            import grpc
+
+            channel = grpc.aio.insecure_channel(address)
+            stack.push_async_callback(channel.close)
+            chat = channel.stream_stream("/bench/chat")
+
+            def streaming_caller() -> Any:
+                stream = chat()
+                stack.callback(stream.cancel)
+
+                async def exchange(i: int) -> Any:
+                    await stream.write(msgpack.packb({"i": i, "data": PAYLOAD}))
+                    return msgpack.unpackb(await stream.read())
+
+                return exchange
+
+            yield [streaming_caller() for _ in range(callers)]
         else:
             raise ValueError(system)
 
@@ -322,7 +376,7 @@ def run_case(
 def format_table(results: list[dict[str, Any]]) -> str:
     """Per backend and system: throughput, latency quantiles, and ratios to the others."""
     head = (
-        f"{'system':<10}{'calls/s':>10}{'range':>18}{'p50 ms':>9}{'p99 ms':>9}"
+        f"{'system':<12}{'calls/s':>10}{'range':>18}{'p50 ms':>9}{'p99 ms':>9}"
         f"{'max ms':>9}{'p99/p50':>9}{'errors':>8}"
     )
 
@@ -331,7 +385,7 @@ def format_table(results: list[dict[str, Any]]) -> str:
         for system, s in r["summary"].items():
             low, high = s["calls_per_second_range"]
             rows.append(
-                f"{system:<10}{s['calls_per_second']:>10,.0f}{f'{low:,.0f}-{high:,.0f}':>18}"
+                f"{system:<12}{s['calls_per_second']:>10,.0f}{f'{low:,.0f}-{high:,.0f}':>18}"
                 f"{s['p50_ms']:>9.2f}{s['p99_ms']:>9.2f}{s['max_ms']:>9.1f}"
                 f"{s['pooled_p99_over_p50']:>9.2f}{s['errors']:>8}"
             )
