@@ -14,7 +14,13 @@ TIMEOUT = 180  # seconds for the whole command
 
 def test_a_short_run_measures_every_system(tmp_path: Path) -> None:
     out = tmp_path / "rpc.json"
-    command = [sys.executable, "-m", "benchmarks.rpc_load", "--systems", "rpc,rpc-pool,rpc-channel,comms"]
+    command = [
+        sys.executable,
+        "-m",
+        "benchmarks.rpc_load",
+        "--systems",
+        "rpc,rpc-pool,rpc-channel,comms",
+    ]
     command += ["--callers", "20", "--rounds", "2", "--warmup", "0.1", "--seconds", "0.3"]
     command += ["--json", str(out)]
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT)

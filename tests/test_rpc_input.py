@@ -76,6 +76,11 @@ class Methods:
             yield f"{prefix}{item}"
         yield "end"
 
+    async def echo_later(self, items: rpc.InputStream) -> AsyncIterator[Any]:
+        await self.start_taking.wait()
+        async for item in items:
+            yield item
+
     async def count_to(self, items: rpc.InputStream, n: int) -> AsyncIterator[int]:
         for i in range(n):  # never reads its input
             yield i
@@ -356,3 +361,91 @@ async def test_input_for_a_call_that_ended_is_dropped() -> None:
             await comm.send(End(5).encode())
             await comm.send(Call(6, "plain", [6], {}, None).encode())
             assert decode(await comm.receive()) == Result(6, 6)
+
+
+async def test_a_waiting_upload_gets_no_credit_until_its_handler_starts() -> None:
+    """With one call at a time per connection, a second upload's items wait on
+    the client (its send does not return) until the first handler returned."""
+    methods = Methods()
+    with anyio.fail_after(20):
+        async with rpc_server_and_client("tcp", methods, max_calls_per_connection=1) as (
+            _,
+            client,
+        ):
+            async with (
+                client.upload("take_later") as first,
+                client.upload("total") as second,
+            ):
+                await first.send("x")
+                with anyio.move_on_after(0.3) as waited:
+                    await second.send(1)
+                assert waited.cancelled_caught  # no credit: it did not start
+                methods.start_taking.set()
+                assert await first.finish() == 1
+                await second.send(2)  # started now
+                assert await second.finish() == 2
+
+
+@pytest.mark.parametrize("api", ["upload", "channel"])
+async def test_ending_while_a_send_waits_sends_nothing_after_the_end(api: str) -> None:
+    """A send waiting for credit when another task ends the input raises
+    ClosedResourceError and sends nothing: the call and the connection go on."""
+    methods = Methods()
+    with anyio.fail_after(20):
+        async with rpc_server_and_client("tcp", methods, input_window=1) as (_, client):
+            opened = (
+                client.upload("take_later") if api == "upload" else client.channel("echo_later")
+            )
+            async with opened as call:
+                await call.send(0)  # the window is full now
+                outcome: list[Any] = []
+
+                async def blocked_send() -> None:
+                    try:
+                        await call.send(1)
+                    except anyio.ClosedResourceError:
+                        outcome.append("closed")
+
+                async def finish() -> None:
+                    outcome.append(await call.finish())  # type: ignore[union-attr]
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(blocked_send)
+                    await anyio.sleep(0.1)
+                    if api == "upload":
+                        tg.start_soon(finish)
+                    else:
+                        await call.end()  # type: ignore[union-attr]
+                    await anyio.sleep(0.1)
+                    methods.start_taking.set()
+                if api == "upload":
+                    assert sorted(map(str, outcome)) == ["1", "closed"]  # (in either order)
+                else:
+                    assert outcome == ["closed"]
+                    assert [item async for item in call] == [0]  # type: ignore[union-attr]
+            assert await client.call("plain", 4) == 4
+
+
+async def test_a_send_that_fails_keeps_its_credit() -> None:
+    """An item that cannot be serialized is not sent and uses no credit: with a
+    window of one, the next items still go."""
+    with anyio.fail_after(20):
+        async with rpc_server_and_client("tcp", Methods(), input_window=1) as (_, client):
+            async with client.upload("total") as upload:
+                for _ in range(3):
+                    with pytest.raises(anyio_comm.SerializationError):
+                        await upload.send(object())
+                for i in range(5):
+                    await upload.send(i)
+                assert await upload.finish() == 10
+
+
+async def test_the_refusal_of_a_wrong_kind_names_the_right_calls() -> None:
+    with anyio.fail_after(20):
+        async with rpc_server_and_client("tcp", Methods()) as (_, client):
+            with pytest.raises(rpc.BadCallError, match=r"use stream\(\) or channel\(\)"):
+                async with client.upload("generator") as upload:
+                    await upload.finish()
+            with pytest.raises(rpc.BadCallError, match=r"use call\(\) or upload\(\)"):
+                async with client.channel("total") as channel:
+                    await channel.receive()

@@ -29,6 +29,8 @@ from anyio_comm.rpc._protocol import (
     ErrorReply,
     Item,
     Notify,
+    Ping,
+    Pong,
     ProtocolViolation,
     Result,
     decode,
@@ -240,6 +242,8 @@ def test_the_guides_golden_bodies() -> None:
         "rpc-credit-input": Credit(2, 16),
         "rpc-item-input": Item(2, b"\x00\x01"),
         "rpc-end": End(2),
+        "rpc-ping": Ping(7),
+        "rpc-pong": Pong(7),
     }
     assert set(blocks) == set(expected)
     for name, message in expected.items():

@@ -23,7 +23,15 @@ from typing import TYPE_CHECKING as _TYPE_CHECKING
 from .._connect import HAPPY_EYEBALLS_DELAY as _HAPPY_EYEBALLS_DELAY
 from .._connect import connect as _connect_comm
 from .._options import resolve_options as _resolve_options
-from ._client import DEFAULT_STREAM_WINDOW, Client, Stream, WithMetadata, open_client
+from ._client import (
+    DEFAULT_PING_TIMEOUT,
+    DEFAULT_STREAM_WINDOW,
+    Client,
+    Stream,
+    WithMetadata,
+    open_client,
+)
+from ._client import check_ping as _check_ping
 from ._context import CallContext, CallKind, current_call
 from ._errors import (
     BadCallError,
@@ -53,6 +61,7 @@ if _TYPE_CHECKING:
 
 __all__ = [
     "DEFAULT_INPUT_WINDOW",
+    "DEFAULT_PING_TIMEOUT",
     "DEFAULT_STREAM_WINDOW",
     "HEALTH_METHOD",
     "BadCallError",
@@ -92,6 +101,8 @@ async def connect(
     max_queued: int = _DEFAULT_LIMIT,
     stream_window: int = DEFAULT_STREAM_WINDOW,
     interceptors: Sequence[ClientInterceptor] = (),
+    ping_interval: float | None = None,
+    ping_timeout: float = DEFAULT_PING_TIMEOUT,
     options: Options | None = None,
     timeout: float | None = None,
     retry: bool = False,
@@ -109,13 +120,16 @@ async def connect(
         max_queued: messages queued for sending before calls wait for room.
         stream_window: items of a stream the server may send ahead.
         interceptors: see :func:`open_client`.
+        ping_interval: see :func:`open_client`.
+        ping_timeout: see :func:`open_client`.
         options: as for :func:`anyio_comm.connect`, and so are ``timeout``,
             ``retry``, ``ssl_context``, ``server_hostname``, ``early_data``,
             ``happy_eyeballs_delay`` and the fields of
             :class:`~anyio_comm.Options` as keywords.
 
     Raises:
-        ValueError: ``max_queued`` or ``stream_window`` is below 1.
+        ValueError: ``max_queued`` or ``stream_window`` is below 1, or
+            ``ping_interval`` or ``ping_timeout`` is not positive.
         TypeError: an interceptor is not callable.
         OSError, TimeoutError, ...: as :func:`anyio_comm.connect` raises.
     """
@@ -123,6 +137,7 @@ async def connect(
     interceptors = _check_interceptors(interceptors)
     if min(max_queued, stream_window) < 1:
         raise ValueError("max_queued and stream_window must be at least 1")
+    _check_ping(ping_interval, ping_timeout)
     comm = await _connect_comm(
         address,
         options=_resolve_options("rpc.connect", options, keywords),
@@ -134,6 +149,11 @@ async def connect(
         happy_eyeballs_delay=happy_eyeballs_delay,
     )
     async with open_client(
-        comm, max_queued=max_queued, stream_window=stream_window, interceptors=interceptors
+        comm,
+        max_queued=max_queued,
+        stream_window=stream_window,
+        interceptors=interceptors,
+        ping_interval=ping_interval,
+        ping_timeout=ping_timeout,
     ) as client:
         yield client

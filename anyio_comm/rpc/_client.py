@@ -22,6 +22,8 @@ from ._health import HEALTH_METHOD, HealthStatus
 from ._interceptors import OutgoingCall, check_interceptors, intercepted
 from ._outbox import DEFAULT_LIMIT, Entry, Outbox
 from ._protocol import (
+    MAX_ID,
+    PING_TIMEOUT_CODE,
     Call,
     Cancel,
     Credit,
@@ -30,6 +32,8 @@ from ._protocol import (
     Item,
     Metadata,
     Notify,
+    Ping,
+    Pong,
     ProtocolViolation,
     Result,
     check_metadata,
@@ -45,12 +49,31 @@ if TYPE_CHECKING:
     from ._context import CallKind
     from ._interceptors import ClientInterceptor
 
-__all__ = ["DEFAULT_STREAM_WINDOW", "Client", "Stream", "WithMetadata", "open_client"]
+__all__ = [
+    "DEFAULT_PING_TIMEOUT",
+    "DEFAULT_STREAM_WINDOW",
+    "Client",
+    "Stream",
+    "WithMetadata",
+    "check_ping",
+    "open_client",
+]
 
 #: items of a stream the server may send before the client takes them, by default
 DEFAULT_STREAM_WINDOW = 16
 #: the most replies the reader takes from its comm in one call
 READ_BATCH = 64
+#: seconds a client waits for an answer to a ping, by default
+DEFAULT_PING_TIMEOUT = 20.0
+
+
+def check_ping(ping_interval: float | None, ping_timeout: float) -> None:
+    """Raises:
+    ValueError: ``ping_interval`` (unless None) or ``ping_timeout`` is not
+        a positive number.
+    """
+    if (ping_interval is not None and not ping_interval > 0) or not ping_timeout > 0:
+        raise ValueError("ping_interval and ping_timeout must be positive")
 
 
 class _Pending:
@@ -179,9 +202,20 @@ class Client:
         max_queued: int = DEFAULT_LIMIT,
         stream_window: int = DEFAULT_STREAM_WINDOW,
         interceptors: Sequence[ClientInterceptor] = (),
+        ping_interval: float | None = None,
+        ping_timeout: float = DEFAULT_PING_TIMEOUT,
     ) -> None:
         if stream_window < 1:
             raise ValueError("stream_window must be at least 1")
+        check_ping(ping_interval, ping_timeout)
+        self._ping_interval = ping_interval
+        self._ping_timeout = ping_timeout
+        #: when the last message arrived (kept only when pinging)
+        self._last_heard = -math.inf
+        #: set when a message arrives, for the keepalive task waiting for one
+        self._heard: anyio.Event | None = None
+        #: why the keepalive task closed the connection, if it did
+        self._unanswered: BaseException | None = None
         self._interceptors = check_interceptors(interceptors)
         self._window = stream_window
         self._comm = comm
@@ -718,12 +752,40 @@ class Client:
         try:
             async with anyio.create_task_group() as task_group:
                 task_group.start_soon(self._outbox.run)
+                if self._ping_interval is not None:
+                    self._last_heard = self._current_backend().current_time()
+                    task_group.start_soon(self._keepalive, self._ping_interval)
                 try:
                     ended = await self._read()
                 finally:
                     self._outbox.close()
+                    task_group.cancel_scope.cancel()  # the keepalive task
         finally:
             self._end(ended)
+
+    async def _keepalive(self, interval: float) -> None:
+        """While calls are in flight, send a PING once nothing arrived for
+        ``interval`` seconds; when nothing arrives within ``ping_timeout`` of it
+        either, close the connection (its calls fail with UnavailableError)."""
+        clock = self._current_backend().current_time
+        token = 0
+        while True:
+            quiet = clock() - self._last_heard
+            if quiet < interval or not self._calls:
+                await anyio.sleep(interval - quiet if quiet < interval else interval)
+                continue
+            sent_at = clock()
+            self._outbox.put_now(Ping(token).encode())
+            token = (token + 1) & MAX_ID
+            with anyio.move_on_after(self._ping_timeout):
+                while self._last_heard < sent_at:
+                    heard = self._heard = anyio.Event()
+                    await heard.wait()
+                continue
+            text = f"no answer to a ping within {self._ping_timeout:g} seconds"
+            self._unanswered = anyio.BrokenResourceError(text)
+            await self._comm.aclose(CloseReason(PING_TIMEOUT_CODE, "rpc.ping", text))
+            return
 
     async def _read(self) -> BaseException:
         """Deliver the replies, those that arrived together in one pass (a batch)."""
@@ -733,7 +795,12 @@ class Client:
             try:
                 batch = await comm.receive_batch(READ_BATCH)
             except Exception as exc:
-                return exc
+                return self._unanswered or exc
+            if self._ping_interval is not None:
+                self._last_heard = self._current_backend().current_time()
+                if self._heard is not None:
+                    self._heard.set()
+                    self._heard = None
             for message in batch:
                 try:
                     reply = decode(message)
@@ -758,6 +825,8 @@ class Client:
                         error = ProtocolViolation("a server sent stream items for a call")
                         await _refuse(comm, error)
                         return error
+                elif type(reply) is Pong:
+                    pass  # (its arrival was noted above)
                 elif type(reply) is Credit:
                     pending = calls.get(reply.id)
                     if pending is not None:  # (else the call ended)
@@ -888,6 +957,8 @@ async def open_client(
     max_queued: int = DEFAULT_LIMIT,
     stream_window: int = DEFAULT_STREAM_WINDOW,
     interceptors: Sequence[ClientInterceptor] = (),
+    ping_interval: float | None = None,
+    ping_timeout: float = DEFAULT_PING_TIMEOUT,
 ) -> AsyncIterator[Client]:
     """A :class:`Client` over ``comm``, running until the block ends (then the
     comm is closed).
@@ -905,14 +976,28 @@ async def open_client(
             :class:`Stream`; the interceptor returns it, or an async iterator
             over it, which the ``stream()`` block iterates), or raises (see
             the RPC guide, "Interceptors").
+        ping_interval: while calls are in flight, send a ping once nothing
+            arrived for this many seconds (None: never), and close the
+            connection when nothing arrives within ``ping_timeout`` seconds
+            of it either: a peer that vanished without closing (a half-open
+            connection) is found, and its calls fail with
+            :exc:`UnavailableError`, however long they may run (see the RPC
+            guide, "Keepalive").
+        ping_timeout: seconds to wait for an answer to a ping.
 
     Raises:
-        ValueError: a limit is below 1.
+        ValueError: a limit is below 1, or ``ping_interval`` or
+            ``ping_timeout`` is not positive.
         TypeError: an interceptor is not callable.
     """
     try:
         client = Client(
-            comm, max_queued=max_queued, stream_window=stream_window, interceptors=interceptors
+            comm,
+            max_queued=max_queued,
+            stream_window=stream_window,
+            interceptors=interceptors,
+            ping_interval=ping_interval,
+            ping_timeout=ping_timeout,
         )
     except BaseException:
         await comm.aclose()  # it is ours

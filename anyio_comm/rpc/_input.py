@@ -2,11 +2,13 @@
 a channel (``Client.upload``, ``Client.channel``), handed to the handler as its
 first argument, an async iterator.
 
-The server gives the client credit for ``window`` items when it takes the call,
-and more, half a window at a time, as the handler takes them; an item beyond the
-credit, or after the END, breaks the protocol. Each item keeps the bytes of the
-receive budget its message came with until the handler takes it, so that what
-the inputs of waiting handlers hold is bounded as queued calls are.
+The server gives the client credit for ``window`` items when the handler
+starts (a call that waits for a worker or a slot gets none: its items are not
+sent yet), and more, half a window at a time, as the handler takes them; an item
+beyond the credit, or after the END, breaks the protocol. So at most ``window``
+items wait per running handler; each keeps the bytes of the receive budget its
+message came with (a large one: see :func:`~anyio_comm._comm.keep_taken`) until
+the handler takes it or the call ends.
 """
 
 from __future__ import annotations
@@ -66,9 +68,14 @@ class InputStream:
         self._ended = False
         self._waiter: anyio.Event | None = None
         self._reading = False
-        self._granted = window
+        self._granted = 0  # (see open())
         self._received = 0
         self._taken = 0
+
+    def open(self) -> None:
+        """The handler starts: give the client credit for a window of items."""
+        self._granted = self._window
+        self._give_credit(Credit(self._call_id, self._window).encode())
 
     def __aiter__(self) -> InputStream:
         return self

@@ -13,7 +13,7 @@ import anyio
 
 from .._compat import final
 from .._connect import connect
-from ._client import DEFAULT_STREAM_WINDOW, Client
+from ._client import DEFAULT_PING_TIMEOUT, DEFAULT_STREAM_WINDOW, Client, check_ping
 from ._interceptors import check_interceptors
 from ._outbox import DEFAULT_LIMIT
 
@@ -82,11 +82,15 @@ class Pool:
         stream_window: see :func:`~anyio_comm.rpc.open_client`.
         interceptors: see :func:`~anyio_comm.rpc.open_client` (the clients of
             every connection use them).
+        ping_interval: see :func:`~anyio_comm.rpc.open_client` (every
+            connection pings so).
+        ping_timeout: see :func:`~anyio_comm.rpc.open_client`.
         connect_arguments: passed to :func:`anyio_comm.connect` (``ssl_context``,
             options).
 
     Raises:
-        ValueError: a limit is below 1, or a timeout is not positive.
+        ValueError: a limit is below 1, or a timeout or ``ping_interval``
+            is not positive.
         TypeError: an interceptor is not callable.
     """
 
@@ -101,6 +105,8 @@ class Pool:
         max_queued: int = DEFAULT_LIMIT,
         stream_window: int = DEFAULT_STREAM_WINDOW,
         interceptors: Sequence[ClientInterceptor] = (),
+        ping_interval: float | None = None,
+        ping_timeout: float = DEFAULT_PING_TIMEOUT,
         **connect_arguments: Any,
     ) -> None:
         if max_per_address < 1 or max_users_per_connection < 1:
@@ -122,6 +128,9 @@ class Pool:
         self._max_queued = max_queued
         self._stream_window = stream_window
         self._interceptors = check_interceptors(interceptors)
+        check_ping(ping_interval, ping_timeout)
+        self._ping_interval = ping_interval
+        self._ping_timeout = ping_timeout
         self._connect_arguments = connect_arguments
         self._connections: dict[str, list[_PooledClient]] = {}
         #: the addresses a connection is being made to
@@ -237,6 +246,8 @@ class Pool:
                 max_queued=self._max_queued,
                 stream_window=self._stream_window,
                 interceptors=self._interceptors,
+                ping_interval=self._ping_interval,
+                ping_timeout=self._ping_timeout,
             ),
             anyio.current_time(),
         )

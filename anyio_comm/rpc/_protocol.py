@@ -12,6 +12,8 @@ kind       items                                                                
 5 ITEM     ``5, id, value``                                                      either
 6 CREDIT   ``6, id, count``                                                      either
 7 END      ``7, id``                                                             client
+8 PING     ``8, token``                                                          client
+9 PONG     ``9, token``                                                          server
 ========== ===================================================================== =========
 
 ``id`` is the client's number for the call (an unsigned 64-bit integer, never
@@ -24,7 +26,8 @@ CREDIT as it wants items), and it ends with a RESULT (nil) or an ERROR. Every
 CALL gets exactly one RESULT or ERROR, unless the client cancelled it (CANCEL):
 then it may get one or none. ``input`` true makes the call take a stream of
 items from the client too: the client's ITEMs, each allowed by the server's
-CREDIT, ended by END. ``metadata`` and ``trailers`` are maps of str keys
+CREDIT, ended by END. A server answers each PING at once with a PONG of the
+same ``token`` (an unsigned 64-bit integer). ``metadata`` and ``trailers`` are maps of str keys
 to str or bytes values (:func:`check_metadata` bounds them); a CALL's
 ``metadata`` may be nil (none) when ``input`` follows; a reply carries
 trailers only if its CALL carried metadata. Items beyond those of a message's
@@ -41,9 +44,11 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 __all__ = [
+    "MAX_ID",
     "MAX_METADATA_BYTES",
     "MAX_METADATA_ENTRIES",
     "MAX_METADATA_KEY",
+    "PING_TIMEOUT_CODE",
     "Call",
     "Cancel",
     "Credit",
@@ -52,6 +57,8 @@ __all__ = [
     "ErrorReply",
     "Item",
     "Notify",
+    "Ping",
+    "Pong",
     "ProtocolViolation",
     "Result",
     "check_metadata",
@@ -59,6 +66,9 @@ __all__ = [
 ]
 
 MAX_ID: Final = 2**64 - 1
+#: the close code of a client whose ping went unanswered (one of the error
+#: codes the wire format leaves to applications)
+PING_TIMEOUT_CODE: Final = 0xC000
 #: metadata (or trailers) of one call: at most this many entries ...
 MAX_METADATA_ENTRIES: Final = 64
 #: ... keys of at most this many characters ...
@@ -114,6 +124,8 @@ class Kind(enum.IntEnum):
     ITEM = 5
     CREDIT = 6
     END = 7
+    PING = 8
+    PONG = 9
 
 
 class ErrorCode(str, enum.Enum):
@@ -246,7 +258,23 @@ class End:
         return [Kind.END, self.id]
 
 
-Message = Call | Result | ErrorReply | Cancel | Notify | Item | Credit | End
+@dataclass(slots=True)
+class Ping:
+    token: int
+
+    def encode(self) -> list[Any]:
+        return [Kind.PING, self.token]
+
+
+@dataclass(slots=True)
+class Pong:
+    token: int
+
+    def encode(self) -> list[Any]:
+        return [Kind.PONG, self.token]
+
+
+Message = Call | Result | ErrorReply | Cancel | Notify | Item | Credit | End | Ping | Pong
 
 _LENGTHS: Final[dict[int, int]] = {
     Kind.CALL: 7,
@@ -257,6 +285,8 @@ _LENGTHS: Final[dict[int, int]] = {
     Kind.ITEM: 3,
     Kind.CREDIT: 3,
     Kind.END: 2,
+    Kind.PING: 2,
+    Kind.PONG: 2,
 }
 _CODES: Final = {code.value: code for code in ErrorCode}
 
@@ -264,6 +294,14 @@ _CODES: Final = {code.value: code for code in ErrorCode}
 def _id(value: object) -> int:
     if type(value) is not int or not 0 <= value <= MAX_ID:
         raise ProtocolViolation(f"a call id must be an integer from 0 to 2**64-1, not {value!r}")
+    return value
+
+
+def _token(value: object) -> int:
+    if type(value) is not int or not 0 <= value <= MAX_ID:
+        raise ProtocolViolation(
+            f"a ping token must be an integer from 0 to 2**64-1, not {value!r}"
+        )
     return value
 
 
@@ -377,6 +415,10 @@ def _decode(message: object) -> Message:
         return Item(_id(message[1]), message[2])
     if kind == Kind.END:
         return End(_id(message[1]))
+    if kind == Kind.PING:
+        return Ping(_token(message[1]))
+    if kind == Kind.PONG:
+        return Pong(_token(message[1]))
     count = message[2]
     if type(count) is not int or not 1 <= count <= MAX_ID:
         raise ProtocolViolation(f"a credit must be an integer from 1 to 2**64-1, not {count!r}")

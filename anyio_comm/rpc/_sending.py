@@ -63,7 +63,8 @@ class _Sender:
         """Send ``item`` to the call, once the server is ready for it.
 
         Raises:
-            anyio.ClosedResourceError: the input was ended, or the block left.
+            anyio.ClosedResourceError: the input was ended, or the block left
+                (before or while this waited: the item is not sent).
             anyio.BusyResourceError: another task is sending to this call.
             anyio.BrokenResourceError: the call returned (or its stream
                 ended) before taking more items.
@@ -82,6 +83,8 @@ class _Sender:
             while credit.available < 1 and pending.outcome is None:
                 waiter = credit.waiter = anyio.Event()
                 await waiter.wait()
+            if self._ended or self._closed:  # meanwhile, from another task
+                raise anyio.ClosedResourceError
             outcome = pending.outcome
             if outcome is not None:
                 if type(outcome) is Result:
@@ -91,18 +94,24 @@ class _Sender:
                 await self._client._own_deadline_first(outcome)
                 self._client._raise_outcome(self._method, outcome)
             credit.available -= 1
-            await self._client._send_input(
-                self._method, self._call_id, Item(self._call_id, item).encode()
-            )
+            try:
+                await self._client._send_input(
+                    self._method, self._call_id, Item(self._call_id, item).encode()
+                )
+            except BaseException:
+                credit.available += 1  # nothing was queued: the credit is still ours
+                raise
         finally:
             self._sending = False
 
     async def end(self) -> None:
-        """Tell the call that no more items come (again: nothing happens).
+        """Tell the call that no more items come (again, or once the call
+        ended: nothing happens). A send waiting for credit in another task
+        raises ClosedResourceError, its item not sent.
 
         Raises:
             anyio.ClosedResourceError: the block was left.
-            UnavailableError: the connection ended.
+            UnavailableError: the connection ended while the call ran.
         """
         if self._closed:
             raise anyio.ClosedResourceError
@@ -131,7 +140,7 @@ class Upload:
 
         Raises:
             anyio.ClosedResourceError: :meth:`finish` was called, or the block
-                left.
+                left (before or while this waited: the item is not sent).
             anyio.BusyResourceError: another task is sending to this upload.
             anyio.BrokenResourceError: the handler returned before taking
                 more items (:meth:`finish` returns its result).
@@ -181,7 +190,8 @@ class Channel:
         control: at most ``input_window`` items wait there).
 
         Raises:
-            anyio.ClosedResourceError: :meth:`end` was called, or the block left.
+            anyio.ClosedResourceError: :meth:`end` was called, or the block left
+                (before or while this waited: the item is not sent).
             anyio.BusyResourceError: another task is sending to this channel.
             anyio.BrokenResourceError: the handler's stream ended before it
                 took more items.
@@ -192,11 +202,13 @@ class Channel:
 
     async def end(self) -> None:
         """Tell the handler that no more items come (its input stream ends);
-        what it yields can still be received. Calling it again does nothing.
+        what it yields can still be received. Calling it again, or once the
+        call ended, does nothing; a :meth:`send` waiting in another task raises
+        ClosedResourceError, its item not sent.
 
         Raises:
             anyio.ClosedResourceError: the block was left.
-            UnavailableError: the connection ended.
+            UnavailableError: the connection ended while the call ran.
         """
         await self._sender.end()
 

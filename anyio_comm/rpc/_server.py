@@ -73,6 +73,8 @@ from ._protocol import (
     ErrorReply,
     Item,
     Notify,
+    Ping,
+    Pong,
     ProtocolViolation,
     Result,
     decode,
@@ -614,6 +616,8 @@ class Server:
                     running = session.running.get(request.id)
                     if running is not None:
                         running.add_credit(request.count)
+                elif type(request) is Ping:  # answered at once, whatever runs
+                    outbox.put_now(Pong(request.token).encode())
                 elif type(request) is Item or type(request) is End:
                     running = session.running.get(request.id)
                     if running is not None:  # (else the call ended: dropped)
@@ -654,9 +658,11 @@ class Server:
         elif call.stream != inspect.isasyncgenfunction(method):
             name = _name(call.method)
             text = (
-                f"{name} does not stream its results: use call(), not stream()"
+                f"{name} does not stream its results: use call() or upload(),"
+                " not stream() or channel()"
                 if call.stream
-                else f"{name} streams its results: use stream(), not call()"
+                else f"{name} streams its results: use stream() or channel(),"
+                " not call() or upload()"
             )
             refusal = ErrorCode.BAD_CALL, text
         elif self._stopping:
@@ -678,7 +684,7 @@ class Server:
 
     def _open_input(self, session: _Session, call: Call, running: _Running) -> None:
         """Give an upload or a channel its input stream, the handler's first
-        argument, and the client its first credit."""
+        argument."""
         keeper = session.keeper
         items = InputStream(
             call.id,
@@ -687,8 +693,7 @@ class Server:
             _no_release if keeper is None else keeper.release,
         )
         running.input = items
-        call.args.insert(0, items)
-        session.outbox.put_now(Credit(call.id, self._input_window).encode())
+        call.args.insert(0, items)  # (its credit comes when the handler starts)
 
     def _start_notify(
         self, session: _Session, notify: Notify, held: int
@@ -944,6 +949,8 @@ class Server:
                 await self._take_slot(session, running)
                 self._uncharge(session, running)  # its arguments are the handler's now
                 handled = True
+                if running.input is not None:
+                    running.input.open()
                 if self._interceptors:
                     reply = await self._invoke_intercepted(session, work, context, about)
                 elif call.stream:
