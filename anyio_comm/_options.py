@@ -17,7 +17,13 @@ if TYPE_CHECKING:
 
     from ._sansio.buffers import Allocator
 
-__all__ = ["Options", "OptionsKeywords", "check_seconds", "resolve_options"]
+__all__ = [
+    "Options",
+    "OptionsKeywords",
+    "PooledOptionsKeywords",
+    "check_seconds",
+    "resolve_options",
+]
 
 #: a new connection's TLS handshake and preamble exchange must complete within this
 DEFAULT_HANDSHAKE_TIMEOUT: Final = 10.0
@@ -188,8 +194,10 @@ class Options:
         )
 
 
-class OptionsKeywords(TypedDict, total=False):
-    """The fields of :class:`Options`, as keyword arguments."""
+class PooledOptionsKeywords(TypedDict, total=False):
+    """The fields of :class:`Options` but ``idle_timeout``, as keyword
+    arguments: what ``rpc.Pool`` takes, whose own ``idle_timeout`` is how long
+    an unused connection is kept (its connections' comes from ``options=``)."""
 
     limits: Limits
     read_buffer_size: int
@@ -197,12 +205,17 @@ class OptionsKeywords(TypedDict, total=False):
     oob_threshold: int
     allow_pickle: bool
     handshake_timeout: float | None
-    idle_timeout: float | None
     message_timeout: float | None
     min_receive_rate: int
     keepalive: float | None
     compression: tuple[str, ...] | str
     receive_engine: str
+
+
+class OptionsKeywords(PooledOptionsKeywords, total=False):
+    """The fields of :class:`Options`, as keyword arguments."""
+
+    idle_timeout: float | None
 
 
 _DEFAULT: Final = Options()

@@ -49,6 +49,7 @@ from ._interceptors import ClientInterceptor, OutgoingCall, Proceed, ServerInter
 from ._interceptors import check_interceptors as _check_interceptors
 from ._outbox import DEFAULT_LIMIT as _DEFAULT_LIMIT
 from ._pool import Pool
+from ._retry import Retry
 from ._sending import Channel, Upload
 from ._server import Server, serve
 
@@ -81,6 +82,7 @@ __all__ = [
     "Proceed",
     "RPCError",
     "RemoteError",
+    "Retry",
     "Server",
     "ServerInterceptor",
     "Stream",

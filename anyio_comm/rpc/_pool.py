@@ -12,18 +12,25 @@ from typing import TYPE_CHECKING, Any, Final
 import anyio
 
 from .._compat import final
-from .._connect import connect
+from .._connect import HAPPY_EYEBALLS_DELAY, connect
+from .._options import resolve_options
+from ._balance import Balance, Balancer
 from ._client import DEFAULT_PING_TIMEOUT, DEFAULT_STREAM_WINDOW, Client, check_ping
+from ._errors import RPCError, UnavailableError
 from ._interceptors import check_interceptors
 from ._outbox import DEFAULT_LIMIT
 
 if TYPE_CHECKING:
+    import ssl
     from collections.abc import AsyncIterator, Sequence
     from types import TracebackType
 
     from anyio.abc import TaskGroup
 
+    from .._compat import Unpack
+    from .._options import Options, PooledOptionsKeywords
     from ._interceptors import ClientInterceptor
+    from ._retry import Retry
 
 __all__ = ["Pool"]
 
@@ -34,6 +41,8 @@ DEFAULT_MAX_PER_ADDRESS: Final = 4
 DEFAULT_MAX_USERS: Final = 100
 #: seconds an unused connection stays open, by default
 DEFAULT_IDLE_TIMEOUT: Final = 30.0
+#: seconds a failed address is not picked, by default
+DEFAULT_SET_ASIDE: Final = 5.0
 
 
 class _PooledClient:
@@ -65,12 +74,29 @@ class Pool:
     A connection whose peer went away is replaced at the next use; one unused
     for ``idle_timeout`` seconds is closed. New connections are made with
     ``anyio_comm.connect(retry=True)``: a server that is not up yet is retried
-    with jittered exponential backoff until ``connect_timeout``.
+    with jittered exponential backoff until ``connect_timeout`` (not so with
+    several ``addresses``, where another address serves meanwhile).
+
+    Given ``addresses``, the pool balances over them: ``pool.client()``
+    without an address, and :meth:`call`, use the next one in turn
+    (``balance="round_robin"``) or the one with the fewest calls in flight
+    (``"least_loaded"``). An address whose connection could not be made, or
+    whose connection ended under a call, is set aside for ``set_aside``
+    seconds: the others are picked meanwhile (all of them set aside: the one
+    set aside first is tried again). :meth:`call` also sends a call again
+    when ``retry`` (a :class:`Retry`) says so, to a newly picked address.
 
     Use it as an async context manager; leaving the block closes every
     connection (calls in flight raise :exc:`anyio.ClosedResourceError`).
 
     Args:
+        addresses: the servers to balance over (they serve the same
+            methods), for ``client()`` without an address and :meth:`call`.
+        balance: ``"round_robin"`` or ``"least_loaded"``.
+        set_aside: seconds a failed address is not picked.
+        retry: which calls :meth:`call` sends again, and how (None: none;
+            a call whose connection could not be made is tried at the next
+            address anyway, as nothing was sent).
         max_per_address: connections to one address at once.
         max_users_per_connection: ``client()`` blocks sharing one connection.
         idle_timeout: seconds before an unused connection is closed (``None``:
@@ -85,18 +111,28 @@ class Pool:
         ping_interval: see :func:`~anyio_comm.rpc.open_client` (every
             connection pings so).
         ping_timeout: see :func:`~anyio_comm.rpc.open_client`.
-        connect_arguments: passed to :func:`anyio_comm.connect` (``ssl_context``,
-            options).
+        options: as for :func:`anyio_comm.connect`, and so are
+            ``ssl_context``, ``server_hostname``, ``early_data``,
+            ``happy_eyeballs_delay`` and the fields of
+            :class:`~anyio_comm.Options` as keywords but ``idle_timeout``,
+            which is the pool's own above (the connections' comes from
+            ``options``); an unknown name is a TypeError.
 
     Raises:
-        ValueError: a limit is below 1, or a timeout or ``ping_interval``
-            is not positive.
-        TypeError: an interceptor is not callable.
+        ValueError: a limit is below 1, a timeout, ``set_aside`` or
+            ``ping_interval`` is not positive, or ``balance`` is neither
+            value.
+        TypeError: an interceptor is not callable, or a keyword is not an
+            option.
     """
 
     def __init__(
         self,
+        addresses: Sequence[str] = (),
         *,
+        balance: Balance = "round_robin",
+        set_aside: float = DEFAULT_SET_ASIDE,
+        retry: Retry | None = None,
         max_per_address: int = DEFAULT_MAX_PER_ADDRESS,
         max_users_per_connection: int = DEFAULT_MAX_USERS,
         idle_timeout: float | None = DEFAULT_IDLE_TIMEOUT,
@@ -107,7 +143,12 @@ class Pool:
         interceptors: Sequence[ClientInterceptor] = (),
         ping_interval: float | None = None,
         ping_timeout: float = DEFAULT_PING_TIMEOUT,
-        **connect_arguments: Any,
+        options: Options | None = None,
+        ssl_context: ssl.SSLContext | None = None,
+        server_hostname: str | None = None,
+        early_data: bool = False,
+        happy_eyeballs_delay: float = HAPPY_EYEBALLS_DELAY,
+        **keywords: Unpack[PooledOptionsKeywords],
     ) -> None:
         if max_per_address < 1 or max_users_per_connection < 1:
             raise ValueError("max_per_address and max_users_per_connection must be at least 1")
@@ -120,6 +161,14 @@ class Pool:
                 raise ValueError(f"{name} must be positive")
         if max_queued < 1 or stream_window < 1:
             raise ValueError("max_queued and stream_window must be at least 1")
+        if balance not in ("round_robin", "least_loaded"):
+            raise ValueError(f"balance must be 'round_robin' or 'least_loaded', not {balance!r}")
+        if not set_aside > 0:
+            raise ValueError("set_aside must be positive")
+        if isinstance(addresses, str):
+            raise TypeError("addresses must be a sequence of addresses, not one str")
+        self._balancer = Balancer(addresses, balance, set_aside, anyio.current_time)
+        self._retry = retry
         self._max_per_address = max_per_address
         self._max_users = max_users_per_connection
         self._idle_timeout = idle_timeout
@@ -131,7 +180,13 @@ class Pool:
         check_ping(ping_interval, ping_timeout)
         self._ping_interval = ping_interval
         self._ping_timeout = ping_timeout
-        self._connect_arguments = connect_arguments
+        self._connect_arguments: dict[str, Any] = {
+            "options": resolve_options("rpc.Pool", options, keywords),
+            "ssl_context": ssl_context,
+            "server_hostname": server_hostname,
+            "early_data": early_data,
+            "happy_eyeballs_delay": happy_eyeballs_delay,
+        }
         self._connections: dict[str, list[_PooledClient]] = {}
         #: the addresses a connection is being made to
         self._opening: dict[str, int] = {}
@@ -174,11 +229,14 @@ class Pool:
         await stack.__aexit__(None, None, None)
 
     @asynccontextmanager
-    async def client(self, address: str) -> AsyncIterator[Client]:
+    async def client(self, address: str | None = None) -> AsyncIterator[Client]:
         """A :class:`Client` to ``address`` over a pooled connection, for the
-        block.
+        block; without an address, to one of the pool's ``addresses``, picked
+        as ``balance`` says. A block that raises :exc:`UnavailableError` (its
+        connection ended) sets its address aside.
 
         Raises:
+            ValueError: no address was given, and the pool has none.
             TimeoutError: no connection had room within ``wait_timeout``, or a
                 new one could not be made within ``connect_timeout``.
             OSError: the connection failed (see :func:`anyio_comm.connect`);
@@ -186,14 +244,85 @@ class Pool:
             anyio.ClosedResourceError: the pool is closed.
             RuntimeError: the pool was not entered.
         """
-        pooled = await self._acquire(address)
+        if address is None:
+            address = self._pick()
+        try:
+            pooled = await self._acquire(address)
+        except (OSError, TimeoutError):
+            self._balancer.set_aside(address)
+            raise
         try:
             yield pooled.client
+        except UnavailableError:
+            self._balancer.set_aside(address)
+            raise
         finally:
-            pooled.users -= 1
-            if pooled.users == 0:
-                pooled.idle_since = anyio.current_time()
-            self._signal()
+            self._release(pooled)
+
+    def _pick(self, avoid: str | None = None) -> str:
+        """One of the pool's addresses, for the next call.
+
+        Raises:
+            ValueError: the pool has no addresses.
+        """
+        if not self._balancer.addresses:
+            raise ValueError("give client() an address, or the Pool its addresses")
+        return self._balancer.pick(self._load, avoid)
+
+    def _load(self, address: str) -> int:
+        """The calls in flight to ``address``."""
+        return sum(c.client.calls_in_flight for c in self._connections.get(address, ()))
+
+    def _release(self, pooled: _PooledClient) -> None:
+        pooled.users -= 1
+        if pooled.users == 0:
+            pooled.idle_since = anyio.current_time()
+        self._signal()
+
+    async def call(self, method: str, /, *args: Any, **kwargs: Any) -> Any:
+        """Call ``method`` on one of the pool's ``addresses``, picked as
+        ``balance`` says: :meth:`Client.call` over a pooled connection. When
+        the connection cannot be made, the call goes to the next address
+        (nothing was sent), once per address at most; when it fails with an
+        error that ``retry`` retries, for one of its methods, it is sent again,
+        to another address when there is one, after a backoff, within the
+        caller's deadline.
+
+        Raises:
+            ValueError: the pool has no addresses.
+            OSError: no connection could be made (the last address's error;
+                TimeoutError when it took too long).
+            RPCError: the call failed, as :meth:`Client.call` raises (the last
+                attempt's error).
+        """
+        retry = self._retry
+        sends = 0
+        unreachable = 0
+        address: str | None = None
+        while True:
+            address = self._pick(avoid=address)
+            try:
+                pooled = await self._acquire(address)
+            except (OSError, TimeoutError):
+                self._balancer.set_aside(address)
+                unreachable += 1
+                if unreachable >= len(self._balancer.addresses):
+                    raise
+                continue
+            sends += 1
+            try:
+                result = await pooled.client.call(method, *args, **kwargs)
+            except RPCError as exc:
+                if isinstance(exc, UnavailableError):
+                    self._balancer.set_aside(address)
+                if retry is None or not retry.retries(method, exc, sends):
+                    raise
+                await retry.back_off(sends, exc)
+                continue
+            finally:
+                self._release(pooled)
+            self._balancer.restore(address)
+            return result
 
     async def _acquire(self, address: str) -> _PooledClient:
         if self._task_group is None:
@@ -229,7 +358,8 @@ class Pool:
             comm = await connect(
                 address,
                 timeout=self._connect_timeout,
-                retry=True,
+                # (a server not up yet is waited for, unless another can serve)
+                retry=len(self._balancer.addresses) < 2,
                 **self._connect_arguments,
             )
         except Exception as exc:
