@@ -13,6 +13,7 @@ from contextlib import AsyncExitStack, asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
+import anyio.abc
 import pytest
 from anyio.abc import SocketAttribute
 
@@ -316,3 +317,57 @@ async def test_a_pool_takes_the_connections_options_by_name() -> None:
                     assert sock.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE)
                     if hasattr(socket, "TCP_KEEPIDLE"):  # (10 s: idle 5 s, as for connect)
                         assert sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 5
+
+
+async def test_an_address_whose_handshake_fails_is_set_aside() -> None:
+    """A listener that is not an anyio-comm server (it closes what it accepts):
+    the call goes to the next address, and that one is set aside."""
+
+    async def close_at_once(stream: anyio.abc.SocketStream) -> None:
+        await stream.aclose()
+
+    with anyio.fail_after(20):
+        async with (
+            await anyio.create_tcp_listener(local_host="127.0.0.1") as listener,
+            anyio.create_task_group() as tg,
+            servers("tcp", 1) as (_, (good,), _kwargs),
+        ):
+            tg.start_soon(listener.serve, close_at_once)
+            port = listener.extra(SocketAttribute.local_port)
+            bad = f"tcp://127.0.0.1:{port}"
+            async with rpc.Pool([bad, good], set_aside=30) as pool:
+                assert [await pool.call("who") for _ in range(4)] == ["s0"] * 4
+                with pytest.raises((anyio.BrokenResourceError, anyio_comm.CommError)):
+                    async with pool.client(bad):
+                        pass
+            tg.cancel_scope.cancel()
+
+
+async def test_a_busy_address_is_skipped_but_not_set_aside() -> None:
+    """Its one connection is in use past wait_timeout: the call goes to the
+    other address, and the busy one is picked again in turn."""
+    with anyio.fail_after(20):
+        async with servers("tcp", 2) as (methods, addresses, _kwargs):
+            async with (
+                rpc.Pool(
+                    addresses, max_per_address=1, max_users_per_connection=1, wait_timeout=0.1
+                ) as pool,
+                anyio.create_task_group() as tg,
+            ):
+
+                async def hold() -> None:
+                    async with pool.client(addresses[0]) as remote:
+                        await remote.call("hold")
+
+                tg.start_soon(hold)
+                while not methods[0].calls:
+                    await anyio.sleep(0.01)
+                assert await pool.call("who") == "s1"  # s0's connection is taken
+                methods[0].release.set()
+                await anyio.sleep(0.05)
+                assert sorted([await pool.call("who") for _ in range(2)]) == ["s0", "s1"]
+
+
+def test_a_retry_of_one_str_is_a_type_error() -> None:
+    with pytest.raises(TypeError, match="one str"):
+        rpc.Retry("get")

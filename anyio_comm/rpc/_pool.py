@@ -14,6 +14,7 @@ import anyio
 from .._compat import final
 from .._connect import HAPPY_EYEBALLS_DELAY, connect
 from .._options import resolve_options
+from .._sansio.errors import CommError
 from ._balance import Balance, Balancer
 from ._client import DEFAULT_PING_TIMEOUT, DEFAULT_STREAM_WINDOW, Client, check_ping
 from ._errors import RPCError, UnavailableError
@@ -43,6 +44,15 @@ DEFAULT_MAX_USERS: Final = 100
 DEFAULT_IDLE_TIMEOUT: Final = 30.0
 #: seconds a failed address is not picked, by default
 DEFAULT_SET_ASIDE: Final = 5.0
+
+
+class NoRoomError(TimeoutError):
+    """No connection to an address had room within the pool's
+    ``wait_timeout`` (the address is busy, not broken)."""
+
+
+#: what making a connection raises when it fails (TimeoutError is an OSError)
+_CONNECT_ERRORS: Final = (OSError, anyio.BrokenResourceError, CommError)
 
 
 class _PooledClient:
@@ -241,6 +251,10 @@ class Pool:
                 new one could not be made within ``connect_timeout``.
             OSError: the connection failed (see :func:`anyio_comm.connect`);
                 the tasks that waited for that connection raise the same error.
+            CommError: the handshake failed (a peer that is not an anyio-comm
+                server; anyio.BrokenResourceError when it closed the
+                connection). A connection that could not be made sets its
+                address aside.
             anyio.ClosedResourceError: the pool is closed.
             RuntimeError: the pool was not entered.
         """
@@ -248,7 +262,9 @@ class Pool:
             address = self._pick()
         try:
             pooled = await self._acquire(address)
-        except (OSError, TimeoutError):
+        except NoRoomError:
+            raise
+        except _CONNECT_ERRORS:
             self._balancer.set_aside(address)
             raise
         try:
@@ -291,7 +307,11 @@ class Pool:
         Raises:
             ValueError: the pool has no addresses.
             OSError: no connection could be made (the last address's error;
-                TimeoutError when it took too long).
+                TimeoutError when it took too long, or no connection had room
+                within ``wait_timeout``).
+            CommError: the last address's handshake failed (a peer that is
+                not an anyio-comm server; anyio.BrokenResourceError when it
+                closed the connection).
             RPCError: the call failed, as :meth:`Client.call` raises (the last
                 attempt's error).
         """
@@ -303,7 +323,12 @@ class Pool:
             address = self._pick(avoid=address)
             try:
                 pooled = await self._acquire(address)
-            except (OSError, TimeoutError):
+            except NoRoomError:  # busy, not broken: another address, if any
+                unreachable += 1
+                if unreachable >= len(self._balancer.addresses):
+                    raise
+                continue
+            except _CONNECT_ERRORS:
                 self._balancer.set_aside(address)
                 unreachable += 1
                 if unreachable >= len(self._balancer.addresses):
@@ -317,12 +342,13 @@ class Pool:
                     self._balancer.set_aside(address)
                 if retry is None or not retry.retries(method, exc, sends):
                     raise
-                await retry.back_off(sends, exc)
-                continue
+                failure = exc
+            else:
+                self._balancer.restore(address)
+                return result
             finally:
                 self._release(pooled)
-            self._balancer.restore(address)
-            return result
+            await retry.back_off(sends, failure)  # (its connection given back meanwhile)
 
     async def _acquire(self, address: str) -> _PooledClient:
         if self._task_group is None:
@@ -349,8 +375,10 @@ class Pool:
             if self._opening.get(address):
                 await changed.wait()  # for the connection being made: no wait_timeout
             else:
-                with anyio.fail_after(max(deadline - anyio.current_time(), 0)):
+                with anyio.move_on_after(max(deadline - anyio.current_time(), 0)) as waited:
                     await changed.wait()
+                if waited.cancelled_caught:
+                    raise NoRoomError(f"no connection to {address} had room within wait_timeout")
 
     async def _open(self, address: str) -> _PooledClient:
         self._opening[address] = 1

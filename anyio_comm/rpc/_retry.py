@@ -52,7 +52,7 @@ class Retry:
         ValueError: ``attempts`` is below 1, a backoff is negative or not
             finite, or ``multiplier`` is below 1.
         TypeError: ``retry_on`` holds something that is not a subclass of
-            :exc:`RPCError`.
+            :exc:`RPCError`, or ``methods`` is one str.
     """
 
     __slots__ = (
@@ -74,6 +74,8 @@ class Retry:
         multiplier: float = 2.0,
         retry_on: tuple[type[RPCError], ...] = (UnavailableError, OverloadedError),
     ) -> None:
+        if isinstance(methods, str):
+            raise TypeError("methods must be a collection of names, not one str")
         if attempts < 1:
             raise ValueError("attempts must be at least 1")
         if not (
