@@ -20,7 +20,7 @@ import anyio_comm
 import anyio_comm.testing
 from anyio_comm import rpc
 from anyio_comm._sansio.close import CloseCode
-from anyio_comm.rpc._protocol import Call, ErrorCode, decode
+from anyio_comm.rpc._protocol import Call, ErrorCode, Notify, decode
 
 from .helpers import ADDRESS_TRANSPORTS, listen_arguments, rpc_server_and_client
 
@@ -240,6 +240,8 @@ async def test_the_callers_deadline_wins_over_a_deadline_reply_that_came_with_it
                 async with anyio.create_task_group() as tg:
 
                     async def late_deadline_reply() -> None:
+                        hello = decode(await theirs.receive())  # the client's first message
+                        assert isinstance(hello, Notify) and hello.method == "rpc.hello"
                         call = decode(await theirs.receive())
                         assert isinstance(call, Call) and call.timeout is not None
                         reply = ErrorReply(call.id, ErrorCode.DEADLINE_EXCEEDED, "X", "late")

@@ -153,7 +153,7 @@ async def test_items_a_receiver_does_not_know_are_ignored() -> None:
             await comm.send(Call(2, "echo", [], {}, None).encode())
             assert decode(await comm.receive()) == Result(2, {})
     assert decode([1, 5, "v", {"t": "u"}, "later"]) == Result(5, "v", {"t": "u"})
-    assert decode([2, 5, "error", "T", "m", {}, None]) == ErrorReply(
+    assert decode([2, 5, "error", "T", "m", {}, None, "later"]) == ErrorReply(
         5, ErrorCode.ERROR, "T", "m", {}
     )
     assert decode([3, 9, "later"]).id == 9  # type: ignore[union-attr]
@@ -242,6 +242,15 @@ def test_the_guides_golden_bodies() -> None:
         "rpc-credit-input": Credit(2, 16),
         "rpc-item-input": Item(2, b"\x00\x01"),
         "rpc-end": End(2),
+        "rpc-hello": Notify("rpc.hello", [["status"]], {}),
+        "rpc-error-status": ErrorReply(
+            4,
+            ErrorCode.ERROR,
+            "anyio_comm.rpc.ApplicationError",
+            "no key k",
+            {},
+            ("not-found", {"key": "k"}),
+        ),
         "rpc-ping": Ping(7),
         "rpc-pong": Pong(7),
     }

@@ -34,6 +34,7 @@ from ._client import (
 from ._client import check_ping as _check_ping
 from ._context import CallContext, CallKind, current_call
 from ._errors import (
+    ApplicationError,
     BadCallError,
     DeadlineExceededError,
     InvalidArgumentsError,
@@ -65,6 +66,7 @@ __all__ = [
     "DEFAULT_PING_TIMEOUT",
     "DEFAULT_STREAM_WINDOW",
     "HEALTH_METHOD",
+    "ApplicationError",
     "BadCallError",
     "CallContext",
     "CallKind",

@@ -17,11 +17,13 @@ from .._comm import count_work
 from .._compat import final
 from .._sansio.close import CloseCode, CloseReason
 from .._sansio.errors import LocalProtocolError
-from ._errors import RPCError, UnavailableError, error_for
+from ._errors import ApplicationError, RPCError, UnavailableError, error_for
 from ._health import HEALTH_METHOD, HealthStatus
 from ._interceptors import OutgoingCall, check_interceptors, intercepted
 from ._outbox import DEFAULT_LIMIT, Entry, Outbox
 from ._protocol import (
+    FEATURES,
+    HELLO_METHOD,
     MAX_ID,
     PING_TIMEOUT_CODE,
     Call,
@@ -220,6 +222,8 @@ class Client:
         self._window = stream_window
         self._comm = comm
         self._outbox = Outbox(comm, max_queued)
+        # (its first message: what this client understands of the later additions)
+        self._outbox.put_now(Notify(HELLO_METHOD, [list(FEATURES)], {}).encode())
         self._calls: dict[int, _Pending] = {}
         #: when the last call in flight ended (the comm's idle_timeout counts
         #: from then: a connection with calls in flight is not idle)
@@ -670,7 +674,12 @@ class Client:
     ) -> NoReturn:
         assert type(outcome) is not Result
         if type(outcome) is ErrorReply:
-            error = error_for(method, outcome.code, outcome.type, outcome.message)
+            status = outcome.status
+            error = (
+                error_for(method, outcome.code, outcome.type, outcome.message)
+                if status is None
+                else ApplicationError.received(method, outcome.type, outcome.message, *status)
+            )
             if outcome.trailers:
                 error.trailers = dict(outcome.trailers)
             raise error

@@ -8,6 +8,8 @@
           ├── RemoteError             the handler raised: ``remote_type`` and
           │                           ``remote_message`` are its exception's class
           │                           name and message
+          │    └── ApplicationError   ... an error of the application's, with its
+          │                           own ``status`` and ``details``
           ├── MethodNotFoundError     the server has no method of that name
           ├── InvalidArgumentsError   (also a TypeError) the arguments do not
           │                           match the method's signature
@@ -22,12 +24,13 @@
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from .._sansio.errors import CommError, set_public_module
 from ._protocol import ErrorCode
 
 __all__ = [
+    "ApplicationError",
     "BadCallError",
     "DeadlineExceededError",
     "InvalidArgumentsError",
@@ -77,6 +80,62 @@ class RPCError(CommError):
 class RemoteError(RPCError):
     """The handler raised an exception (its class name and message are here; its
     traceback stays on the server)."""
+
+
+class ApplicationError(RemoteError):
+    """An error of the application's own, with a ``status`` it defines and
+    structured ``details``: a handler (or a server interceptor) raises
+    ``rpc.ApplicationError("not-found", "no such key", details={"key": key})``,
+    and the caller gets an ApplicationError with the same status, message and
+    details, typed, without pickle (a caller from before it gets a
+    :exc:`RemoteError` with the message).
+
+    Args:
+        status: an int or a str, which the application defines.
+        message: what went wrong, for people.
+        details: any value a message can carry (maps, lists, str, bytes,
+            numbers): what a program needs to act on the error.
+
+    Raises:
+        TypeError: ``status`` is neither an int nor a str.
+
+    Attributes:
+        status: the status the handler gave.
+        details: the details the handler gave (``None`` for none).
+    """
+
+    def __init__(self, status: int | str, message: str, details: Any = None) -> None:
+        if type(status) is not str and (type(status) is not int or isinstance(status, bool)):
+            raise TypeError(f"status must be an int or a str, not {type(status).__name__}")
+        self.status = status
+        self.details = details
+        super().__init__("", type(self).__name__, message)
+
+    def _describe(self) -> str:
+        where = f"{self.method}(): " if self.method else ""
+        return f"{where}{self.remote_type} [{self.status!r}]: {self.remote_message}"
+
+    @classmethod
+    def received(
+        cls, method: str, remote_type: str, message: str, status: int | str, details: Any
+    ) -> ApplicationError:
+        """The error a caller raises for an ERROR reply with a status."""
+        error = cls(status, message, details)
+        error.method = method
+        error.remote_type = remote_type
+        error.args = (error._describe(),)
+        return error
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (
+            type(self),
+            (self.status, self.remote_message, self.details),
+            {"method": self.method, "remote_type": self.remote_type, "trailers": self.trailers},
+        )
+
+    def __setstate__(self, state: dict[str, Any] | None) -> None:
+        self.__dict__.update(state or {})
+        self.args = (self._describe(),)
 
 
 class MethodNotFoundError(RPCError):
@@ -129,7 +188,7 @@ _CLASSES: Final = {
     )
 }
 
-set_public_module("anyio_comm.rpc", RPCError, *_CLASSES.values())
+set_public_module("anyio_comm.rpc", RPCError, ApplicationError, *_CLASSES.values())
 
 
 def error_for(method: str, code: ErrorCode, remote_type: str, remote_message: str) -> RPCError:

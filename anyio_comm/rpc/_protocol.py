@@ -6,7 +6,7 @@ kind       items                                                                
 ========== ===================================================================== =========
 0 CALL     ``0, id, method, args, kwargs, timeout, stream[, metadata[, input]]`` client
 1 RESULT   ``1, id, value[, trailers]``                                          server
-2 ERROR    ``2, id, code, type, message[, trailers]``                            server
+2 ERROR    ``2, id, code, type, message[, trailers[, status]]``              server
 3 CANCEL   ``3, id``                                                             client
 4 NOTIFY   ``4, method, args, kwargs[, metadata]``                               client
 5 ITEM     ``5, id, value``                                                      either
@@ -31,8 +31,11 @@ same ``token`` (an unsigned 64-bit integer). ``metadata`` and ``trailers`` are m
 to str or bytes values (:func:`check_metadata` bounds them); a CALL's
 ``metadata`` may be nil (none) when ``input`` follows; a reply carries
 trailers only if its CALL carried metadata. Items beyond those of a message's
-kind are ignored, so that later additions reach older peers harmlessly. Nothing
-here does I/O.
+kind are ignored, so that later additions reach older peers harmlessly. A
+client announces what it understands of these additions with a NOTIFY of
+:data:`HELLO_METHOD` (its first message); an ERROR's ``status`` (an
+application's status and details) goes only to a client that announced
+``"status"``. Nothing here does I/O.
 """
 
 from __future__ import annotations
@@ -44,6 +47,8 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 __all__ = [
+    "FEATURES",
+    "HELLO_METHOD",
     "MAX_ID",
     "MAX_METADATA_BYTES",
     "MAX_METADATA_ENTRIES",
@@ -66,6 +71,11 @@ __all__ = [
 ]
 
 MAX_ID: Final = 2**64 - 1
+#: the method of the NOTIFY in which a client announces the features it
+#: understands (a list of str: its only argument); no handler may take it
+HELLO_METHOD: Final = "rpc.hello"
+#: the features a client of this version announces
+FEATURES: Final = ("status",)
 #: the close code of a client whose ping went unanswered (one of the error
 #: codes the wire format leaves to applications)
 PING_TIMEOUT_CODE: Final = 0xC000
@@ -203,10 +213,16 @@ class ErrorReply:
     type: str
     message: str
     trailers: Metadata | None = None
+    #: an application's status and details (``ApplicationError``), sent only
+    #: to a client that announced the ``status`` feature
+    status: tuple[int | str, Any] | None = None
 
     def encode(self) -> list[Any]:
         message: list[Any] = [Kind.ERROR, self.id, self.code.value, self.type, self.message]
-        if self.trailers is not None:
+        if self.status is not None:
+            trailers = {} if self.trailers is None else self.trailers
+            message += (trailers, list(self.status))
+        elif self.trailers is not None:
             message.append(self.trailers)
         return message
 
@@ -327,6 +343,19 @@ def _arguments(args: object, kwargs: object) -> tuple[list[Any], dict[str, Any]]
     return args, kwargs
 
 
+def _status(value: object) -> tuple[int | str, Any] | None:
+    """An ERROR's status item: ``[status, details]``, the status an integer or
+    a str; nil for none."""
+    if value is None:
+        return None
+    if type(value) is not list or len(value) != 2:
+        raise ProtocolViolation("a status must be an array of a status and its details")
+    status, details = value
+    if type(status) is not str and (type(status) is not int or isinstance(status, bool)):
+        raise ProtocolViolation(f"a status must be an integer or a string, not {status!r:.40}")
+    return status, details
+
+
 def _call_extras(message: list[Any]) -> tuple[Metadata | None, bool]:
     """A CALL's optional items: its metadata (nil: none, allowed when ``input``
     follows) and ``input``."""
@@ -400,6 +429,7 @@ def _decode(message: object) -> Message:
             _str(message[3], "a type"),
             _str(message[4], "a message"),
             _metadata(message[5], "trailers") if len(message) > 5 else None,
+            _status(message[6]) if len(message) > 6 else None,
         )
     if kind == Kind.CANCEL:
         return Cancel(_id(message[1]))

@@ -59,12 +59,13 @@ from .._sansio.budget import DEFAULT_RECEIVE_BUDGET, ReceiveBudget
 from .._sansio.close import CloseCode, CloseReason
 from .._sansio.errors import LocalProtocolError, SerializationError
 from ._context import CURRENT_CALL, CallContext, CallKind, InContext
-from ._errors import error_for
+from ._errors import ApplicationError, error_for
 from ._health import HEALTH_METHOD, HealthStatus
 from ._input import DEFAULT_INPUT_WINDOW, InputStream
 from ._interceptors import check_interceptors, intercepted
 from ._outbox import DEFAULT_LIMIT, Outbox
 from ._protocol import (
+    HELLO_METHOD,
     Call,
     Cancel,
     Credit,
@@ -154,8 +155,8 @@ def _methods(handlers: Mapping[str, Callable[..., Any]] | object) -> dict[str, C
             raise TypeError(f"method names must be str, not {type(name).__name__}")
         if not callable(method):
             raise TypeError(f"the handler of {name!r} is not callable")
-        if name == HEALTH_METHOD:
-            raise ValueError(f"{HEALTH_METHOD!r} is the health service's method name")
+        if name in (HEALTH_METHOD, HELLO_METHOD):
+            raise ValueError(f"{name!r} is a name the RPC protocol reserves")
     return methods
 
 
@@ -186,6 +187,19 @@ def _refusal(call: Call, code: ErrorCode, text: str) -> ErrorReply:
     is the code's name (``DEADLINE_EXCEEDED``, ``OVERLOADED``, ...), whichever
     step gave it, so that one condition reaches callers as one ``remote_type``."""
     return ErrorReply(call.id, code, code.name, text)
+
+
+def _failure(call: Call, exc: Exception) -> ErrorReply:
+    """The reply to a call whose handler raised ``exc`` (with the status and
+    details of an :exc:`ApplicationError`)."""
+    if isinstance(exc, ApplicationError):
+        text = str(exc.remote_message)
+        if len(text) > MAX_ERROR_MESSAGE:
+            text = text[: MAX_ERROR_MESSAGE - 3] + "..."
+        return ErrorReply(
+            call.id, ErrorCode.ERROR, _type_name(exc), text, status=(exc.status, exc.details)
+        )
+    return ErrorReply(call.id, ErrorCode.ERROR, _type_name(exc), _text(exc))
 
 
 def _apply(call: Call, method: Callable[..., Any]) -> tuple[Any, ErrorReply | None]:
@@ -368,6 +382,7 @@ class _Session:
         "quiet_since",
         "running",
         "sequence",
+        "status",
         "tasks",
         "workers",
     )
@@ -414,6 +429,8 @@ class _Session:
         self.ended = False
         #: notifications dropped (logged when this reaches a power of two)
         self.dropped = 0
+        #: the client announced that it understands an ERROR's status
+        self.status = False
 
     def working_until(self) -> float:
         """``math.inf`` while calls or notifications wait or run, else when the
@@ -698,8 +715,15 @@ class Server:
     def _start_notify(
         self, session: _Session, notify: Notify, held: int
     ) -> _Invocation[Notify] | None:
-        """:meth:`_start` for a notification (dropped, not refused)."""
+        """:meth:`_start` for a notification (dropped, not refused), or the
+        client's announcement of what it understands."""
         method = self._methods.get(notify.method)
+        if method is None and notify.method == HELLO_METHOD:
+            if held:
+                session.keeper.release(held)  # type: ignore[union-attr]
+            features = notify.args[0] if notify.args else ()
+            session.status = isinstance(features, list) and "status" in features
+            return None
         running = _Running()
         if method is None:
             why = "no such method"
@@ -974,6 +998,8 @@ class Server:
                 )
             if call.metadata is not None and about._trailers:
                 reply = dataclasses.replace(reply, trailers=about._trailers)
+            if type(reply) is ErrorReply and reply.status is not None and not session.status:
+                reply.status = None  # a client that does not know it
             await self._reply(session, call, reply)
         finally:
             del session.running[call.id]
@@ -993,7 +1019,7 @@ class Server:
             elif inspect.isawaitable(result):
                 result = await result
         except Exception as exc:
-            return ErrorReply(call.id, ErrorCode.ERROR, _type_name(exc), _text(exc))
+            return _failure(call, exc)
         return Result(call.id, result)
 
     async def _invoke_stream(
@@ -1006,7 +1032,7 @@ class Server:
                 return refusal
             await self._send_items(session, work, items, context)
         except Exception as exc:
-            return ErrorReply(call.id, ErrorCode.ERROR, _type_name(exc), _text(exc))
+            return _failure(call, exc)
         return Result(call.id, None)
 
     @staticmethod
@@ -1085,7 +1111,7 @@ class Server:
         except Exception as exc:
             if exc is refusal_error and refusal is not None:
                 return refusal
-            return ErrorReply(call.id, ErrorCode.ERROR, _type_name(exc), _text(exc))
+            return _failure(call, exc)
         return Result(call.id, None if call.stream else value)
 
     @staticmethod
