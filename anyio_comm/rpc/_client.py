@@ -393,23 +393,24 @@ class Client:
             the errors of :meth:`call` (when the block is entered, or while
             iterating); BadCallError: ``method`` is not a generator.
         """
-        return self._stream(method, args, kwargs, None, None)
+        return self._opened("stream", self._stream_plain, method, args, kwargs, None, None)
 
-    def _stream(
+    def _opened(
         self,
+        kind: CallKind,
+        opener: Callable[..., AbstractAsyncContextManager[Any]],
         method: str,
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
         metadata: Metadata | None,
         trailers: Metadata | None,
-    ) -> AbstractAsyncContextManager[AsyncIterator[Any]]:
-        """:meth:`stream`, with ``metadata`` sent and the final reply's trailers
+    ) -> AbstractAsyncContextManager[Any]:
+        """A stream, an upload or a channel (``opener`` opens it past the
+        interceptors), with ``metadata`` sent and the final reply's trailers
         put in ``trailers``, through the interceptors."""
         if self._interceptors:
-            return self._opened_intercepted(
-                "stream", self._stream_plain, method, args, kwargs, metadata, trailers
-            )
-        return self._stream_plain(method, args, kwargs, metadata, trailers)
+            return self._opened_intercepted(kind, opener, method, args, kwargs, metadata, trailers)
+        return opener(method, args, kwargs, metadata, trailers)
 
     @asynccontextmanager
     async def _opened_intercepted(
@@ -496,23 +497,7 @@ class Client:
             :meth:`Upload.send` and :meth:`Upload.finish`); BadCallError:
             ``method`` is a generator (use :meth:`channel`).
         """
-        return self._upload(method, args, kwargs, None, None)
-
-    def _upload(
-        self,
-        method: str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        metadata: Metadata | None,
-        trailers: Metadata | None,
-    ) -> AbstractAsyncContextManager[Upload]:
-        """:meth:`upload`, with ``metadata`` sent and the reply's trailers put
-        in ``trailers``, through the interceptors."""
-        if self._interceptors:
-            return self._opened_intercepted(
-                "upload", self._upload_plain, method, args, kwargs, metadata, trailers
-            )
-        return self._upload_plain(method, args, kwargs, metadata, trailers)
+        return self._opened("upload", self._upload_plain, method, args, kwargs, None, None)
 
     @asynccontextmanager
     async def _upload_plain(
@@ -557,23 +542,7 @@ class Client:
             channel's methods); BadCallError: ``method`` is not a generator
             (use :meth:`upload`).
         """
-        return self._channel(method, args, kwargs, None, None)
-
-    def _channel(
-        self,
-        method: str,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-        metadata: Metadata | None,
-        trailers: Metadata | None,
-    ) -> AbstractAsyncContextManager[Channel]:
-        """:meth:`channel`, with ``metadata`` sent and the final reply's
-        trailers put in ``trailers``, through the interceptors."""
-        if self._interceptors:
-            return self._opened_intercepted(
-                "channel", self._channel_plain, method, args, kwargs, metadata, trailers
-            )
-        return self._channel_plain(method, args, kwargs, metadata, trailers)
+        return self._opened("channel", self._channel_plain, method, args, kwargs, None, None)
 
     @asynccontextmanager
     async def _channel_plain(
@@ -910,7 +879,10 @@ class WithMetadata:
         Raises:
             the errors of :meth:`Client.stream`.
         """
-        return self._client._stream(method, args, kwargs, self._metadata, self._trailers)
+        client = self._client
+        return client._opened(
+            "stream", client._stream_plain, method, args, kwargs, self._metadata, self._trailers
+        )
 
     def upload(
         self, method: str, /, *args: Any, **kwargs: Any
@@ -920,7 +892,10 @@ class WithMetadata:
         Raises:
             the errors of :meth:`Client.upload`.
         """
-        return self._client._upload(method, args, kwargs, self._metadata, self._trailers)
+        client = self._client
+        return client._opened(
+            "upload", client._upload_plain, method, args, kwargs, self._metadata, self._trailers
+        )
 
     def channel(
         self, method: str, /, *args: Any, **kwargs: Any
@@ -930,7 +905,10 @@ class WithMetadata:
         Raises:
             the errors of :meth:`Client.channel`.
         """
-        return self._client._channel(method, args, kwargs, self._metadata, self._trailers)
+        client = self._client
+        return client._opened(
+            "channel", client._channel_plain, method, args, kwargs, self._metadata, self._trailers
+        )
 
     async def notify(self, method: str, /, *args: Any, **kwargs: Any) -> None:
         """:meth:`Client.notify`, with the metadata.
