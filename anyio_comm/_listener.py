@@ -376,12 +376,14 @@ class _Server:
             while True:
                 for _ in range(_ACCEPT_BATCH):
                     if limiter is not None and slot is None:
-                        slot = object()
+                        # (held once acquired: a wait cancelled holds nothing)
+                        candidate = object()
                         try:
-                            limiter.acquire_on_behalf_of_nowait(slot)
+                            limiter.acquire_on_behalf_of_nowait(candidate)
                         except WouldBlock:
                             # at max_connections: leave newcomers in the backlog
-                            await limiter.acquire_on_behalf_of(slot)
+                            await limiter.acquire_on_behalf_of(candidate)
+                        slot = candidate
                     try:
                         async with turns if turns is not None else _NO_TURNS:
                             if self.accepting_stopped:
@@ -448,13 +450,18 @@ class _Server:
         limiter = self.limiter
         task = _ConnectionTask()
         self.connections.add(task)
+        started = False
         try:
             with task.scope:
                 if limiter is not None and slot is None:
-                    slot = object()
-                    await limiter.acquire_on_behalf_of(slot)
+                    candidate = object()
+                    await limiter.acquire_on_behalf_of(candidate)
+                    slot = candidate
+                started = True
                 await self._run_connection(task, transport, local, peer)
         finally:
+            if not started:  # (stopped while it waited for room: it closes here)
+                transport.abort()
             self.connections.discard(task)
             if slot is not None and limiter is not None:
                 limiter.release_on_behalf_of(slot)

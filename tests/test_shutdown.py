@@ -115,6 +115,33 @@ async def test_max_connections_counts_handshakes_and_queued_clients_can_time_out
                 await comm.receive()
 
 
+@pytest.mark.parametrize("kind", KINDS)
+async def test_leaving_listen_while_connections_wait_for_room_raises_nothing(kind: str) -> None:
+    """Connections waiting at max_connections when the listener stops hold no
+    slot: nothing is given back that was not taken."""
+    server_kw, client_kw = tls_options(kind)
+    held = anyio.Event()
+
+    async def handler(comm: Comm) -> None:
+        held.set()
+        await anyio.sleep_forever()
+
+    async def waiting_client(address: str) -> None:
+        with pytest.raises((TimeoutError, OSError, anyio.BrokenResourceError, EndOfStream)):
+            await anyio_comm.connect(address, timeout=5, **client_kw)
+
+    with anyio.fail_after(10):
+        async with listen_address(kind) as address, anyio.create_task_group() as tg:
+            async with anyio_comm.listen(
+                address, handler, max_connections=1, **server_kw
+            ) as listener:
+                first = await anyio_comm.connect(listener.address, timeout=10, **client_kw)
+                await held.wait()
+                tg.start_soon(waiting_client, listener.address)
+                await anyio.sleep(0.2)  # (in the backlog, or waiting for room over inproc://)
+            await first.aclose()
+
+
 @pytest.mark.parametrize("value", [0, -1, 1.5, True])
 async def test_bad_max_connections(value: Any) -> None:
     with pytest.raises(ValueError, match="max_connections"):
