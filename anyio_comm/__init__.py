@@ -31,6 +31,7 @@ if _typing.TYPE_CHECKING:
     from ._listener import listen as listen
     from ._listener import serve as serve
     from ._options import Options as Options
+    from ._sansio.budget import BudgetStatistics as BudgetStatistics
     from ._sansio.budget import ReceiveBudget as ReceiveBudget
     from ._sansio.buffers import Allocator as Allocator
     from ._sansio.close import CloseCode as CloseCode
@@ -41,12 +42,15 @@ if _typing.TYPE_CHECKING:
     from ._sansio.handshake import Limits as Limits
     from ._sansio.pool import BufferPool as BufferPool
     from ._sansio.pool import PoolStatistics as PoolStatistics
+    from ._statistics import CommStatistics as CommStatistics
+    from ._statistics import ListenerStatistics as ListenerStatistics
 
 __version__ = "0.1.0"
 
 #: public name -> the module that defines it
 _EXPORTS = {
     "Allocator": "._sansio.buffers",
+    "BudgetStatistics": "._sansio.budget",
     "BufferPool": "._sansio.pool",
     "Capability": "._sansio.handshake",
     "CloseCode": "._sansio.close",
@@ -54,11 +58,13 @@ _EXPORTS = {
     "Comm": "._comm",
     "CommAttribute": "._comm",
     "CommError": "._exceptions",
+    "CommStatistics": "._statistics",
     "Handler": "._listener",
     "Handshake": "._sansio.handshake",
     "IdleTimeoutError": "._exceptions",
     "Limits": "._sansio.handshake",
     "Listener": "._listener",
+    "ListenerStatistics": "._statistics",
     "LocalProtocolError": "._exceptions",
     "MessageTimeoutError": "._exceptions",
     "Options": "._options",
@@ -81,6 +87,7 @@ _EXPORTS = {
 
 __all__ = [
     "Allocator",
+    "BudgetStatistics",
     "BufferPool",
     "Capability",
     "CloseCode",
@@ -88,11 +95,13 @@ __all__ = [
     "Comm",
     "CommAttribute",
     "CommError",
+    "CommStatistics",
     "Handler",
     "Handshake",
     "IdleTimeoutError",
     "Limits",
     "Listener",
+    "ListenerStatistics",
     "LocalProtocolError",
     "MessageTimeoutError",
     "Options",

@@ -109,6 +109,7 @@ from ._sansio.close import CloseReason, reason_for_protocol_error
 from ._sansio.connection import Connection, ConnectionState, EndOfData
 from ._sansio.pool import BufferPool
 from ._sansio.wire import Capability
+from ._statistics import CommStatistics
 from ._util import ConflictDetector
 
 if TYPE_CHECKING:
@@ -267,8 +268,11 @@ class Comm(ObjectStream[Any]):
     __slots__ = (
         "_cancel_due",
         "_check_cancelled",
+        "_close_reason",
         "_conn",
+        "_connect_seconds",
         "_error",
+        "_handshake_seconds",
         "_hook",
         "_idle_timeout",
         "_local_address",
@@ -334,6 +338,11 @@ class Comm(ObjectStream[Any]):
         self._error: BrokenResourceError | None = None
         # what the peer's close record said, once a receive reached it
         self._peer_reason: CloseReason | None = None
+        # the reason we closed with
+        self._close_reason: CloseReason | None = None
+        # how long opening the connection (ours to open) and the handshakes took
+        self._connect_seconds: float | None = None
+        self._handshake_seconds = 0.0
         self._hook = hook
         account = conn.account
         if account is not None:
@@ -412,6 +421,42 @@ class Comm(ObjectStream[Any]):
         :meth:`receive` reads: it turns True once a receive reached the end.
         """
         return self._state is not _OPEN or self._receiver.ended
+
+    def statistics(self) -> CommStatistics:
+        """What this comm has sent and received so far (see
+        :class:`~anyio_comm.CommStatistics`); also after it was closed."""
+        conn = self._conn
+        sent_bytes, sent, sent_extra, largest_sent, packed, packed_wire = conn.sent_counters()
+        received_bytes, received, received_extra, largest_received, unpacked, unpacked_wire = (
+            conn.received_counters()
+        )
+        queued_messages, queued_bytes = self._receiver.queued()
+        send_waits, send_wait_seconds = self._transport.send_waits()
+        account = conn.account
+        return CommStatistics(
+            messages_sent=sent,
+            frames_sent=sent + sent_extra,
+            bytes_sent=sent_bytes,
+            largest_message_sent=largest_sent,
+            messages_received=received,
+            frames_received=received + received_extra,
+            bytes_received=received_bytes,
+            largest_message_received=largest_received,
+            compressed_bytes_sent=packed,
+            compressed_wire_bytes_sent=packed_wire,
+            compressed_bytes_received=unpacked,
+            compressed_wire_bytes_received=unpacked_wire,
+            queued_messages=queued_messages,
+            queued_bytes=queued_bytes,
+            send_waits=send_waits,
+            send_wait_seconds=send_wait_seconds,
+            budget_waits=0 if account is None else account.waits,
+            budget_wait_seconds=0.0 if account is None else account.wait_seconds,
+            connect_seconds=self._connect_seconds,
+            handshake_seconds=self._handshake_seconds,
+            close_reason=self._close_reason,
+            peer_close_reason=self._peer_reason,
+        )
 
     @property
     def extra_attributes(self) -> Mapping[Any, Callable[[], Any]]:
@@ -872,6 +917,7 @@ class Comm(ObjectStream[Any]):
             else:
                 iov = []
                 refused = []
+                counted = conn.send_mark()
                 for index, frames in enumerate(messages):
                     try:
                         iov += conn.send_message(frames)
@@ -880,6 +926,7 @@ class Comm(ObjectStream[Any]):
                             raise ClosedResourceError from None
                         refused.append((index, exc))
                 if not iov or (refused and not partial):
+                    conn.send_undo(counted)  # (nothing of them is sent)
                     return refused
             # The write, here rather than in a helper: a coroutine frame per send.
             trio_lowlevel = self._trio
@@ -1012,6 +1059,7 @@ class Comm(ObjectStream[Any]):
             self._state = _State.CLOSED
             self._receiver.close()
             if reason is not None and was_open:
+                self._close_reason = reason
                 with CancelScope(shield=True):
                     told = await send_close_record(
                         self._transport, self._conn, self._send_guard, reason, self._peer_address
@@ -1038,6 +1086,7 @@ class Comm(ObjectStream[Any]):
             self._receiver.close()
             with CancelScope(shield=True):
                 if reason is not None:
+                    self._close_reason = reason
                     told = await send_close_record(
                         self._transport, self._conn, self._send_guard, reason, self._peer_address
                     )
@@ -1140,7 +1189,8 @@ async def establish(
     """
     account = budget.account() if budget is not None else None
     timeout = options.handshake_timeout
-    deadline = math.inf if timeout is None else current_time() + timeout
+    started = current_time()
+    deadline = math.inf if timeout is None else started + timeout
     try:
         with move_on_after(timeout) as scope:
             conn = await _exchange_preambles(transport, options, account, early_data=early_data)
@@ -1179,6 +1229,7 @@ async def establish(
         ),
         hook=hook,
     )
+    comm._handshake_seconds = current_time() - started
     if peer is None:
 
         def peer_arrived(peer: Handshake) -> None:

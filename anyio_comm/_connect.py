@@ -500,6 +500,7 @@ async def _connect_once(
 ) -> Comm:
     if parsed.scheme == "inproc":
         return await connect_inproc(parsed.path, options, early_data=early_data)
+    started = anyio.current_time()
     try:
         sock = await open_socket(
             parsed.scheme,
@@ -511,6 +512,7 @@ async def _connect_once(
         )
     except OSError as exc:
         raise _with_address(exc, address, parsed.scheme) from None
+    connect_seconds = anyio.current_time() - started
     transport: Transport = SocketTransport(sock)
     try:
         if parsed.scheme == "unix":
@@ -528,7 +530,7 @@ async def _connect_once(
                 server_side=False,
                 server_hostname=server_hostname or parsed.host,
             )
-        return await establish(
+        comm = await establish(
             transport, options, local_address=local, peer_address=peer, early_data=early_data
         )
     except ssl.SSLError as exc:
@@ -544,6 +546,8 @@ async def _connect_once(
     except BaseException:
         transport.abort()
         raise
+    comm._connect_seconds = connect_seconds
+    return comm
 
 
 async def from_stream(

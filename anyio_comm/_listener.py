@@ -42,6 +42,7 @@ others a grace period to finish, then cancels them. Leaving the
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import logging
@@ -82,6 +83,7 @@ from ._inproc import register, unregister
 from ._options import Options, OptionsKeywords, resolve_options
 from ._sansio.budget import DEFAULT_RECEIVE_BUDGET, ReceiveBudget
 from ._sansio.close import CloseCode, CloseReason
+from ._statistics import ListenerStatistics
 from ._transports.rawsocket import SocketTransport
 from ._transports.stream import StreamTransport
 from ._transports.tls import TLSTransport
@@ -176,6 +178,21 @@ class Listener:
         """The budget of receive memory the connections share (``None``: none);
         its ``in_use`` and ``waiting`` say how much is held and how many wait."""
         return self._server.budget
+
+    def statistics(self) -> ListenerStatistics:
+        """What this listener has done so far (see
+        :class:`~anyio_comm.ListenerStatistics`); also after it stopped."""
+        server = self._server
+        budget = server.budget
+        return ListenerStatistics(
+            accepted=server.accepted,
+            handshaking=server.handshaking,
+            active=server.active,
+            refused=dict(server.refused),
+            handshake_failures=dict(server.handshake_failures),
+            handlers=dict(server.handlers),
+            budget=None if budget is None else budget.statistics(),
+        )
 
     @property
     def accepting(self) -> bool:
@@ -347,6 +364,12 @@ class _Server:
         #: the accepted connections not closed yet (handshaking or in a handler)
         self.connections: set[_ConnectionTask] = set()
         self.active = 0  # connections whose handler runs
+        # what it has done (see ListenerStatistics)
+        self.accepted = 0
+        self.handshaking = 0
+        self.refused: collections.Counter[str] = collections.Counter()
+        self.handshake_failures: collections.Counter[str] = collections.Counter()
+        self.handlers: collections.Counter[str] = collections.Counter()
         self.accept_scope = CancelScope()
         # closes the listening sockets (set by listen() once they exist)
         self.close_listening: Callable[[], None] = lambda: None
@@ -396,10 +419,12 @@ class _Server:
                         if self.accepting_stopped:
                             return  # stop_accepting() closed the socket under us
                         if exc.errno in _RESOURCE_ERRNOS:
+                            self.refused["out-of-resources"] += 1
                             logger.error("accept() failed (%s); retrying in 0.1 s", exc)
                             await anyio.sleep(0.1)
                             break
                         if exc.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EPERM):
+                            self.refused["aborted"] += 1
                             continue
                         raise
                     slot = None  # the connection releases it
@@ -425,6 +450,7 @@ class _Server:
             local = format_socket_address(conn.family, conn.getsockname(), self.scheme)
             peer = format_socket_address(conn.family, conn.getpeername(), self.scheme)
         except OSError as exc:  # reset before we got to it
+            self.refused["reset"] += 1
             logger.debug("dropping connection: %s", exc)
             conn.close()
             if slot is not None and self.limiter is not None:
@@ -450,12 +476,16 @@ class _Server:
         limiter = self.limiter
         task = _ConnectionTask()
         self.connections.add(task)
+        self.accepted += 1
         started = False
         try:
             with task.scope:
                 if limiter is not None and slot is None:
                     candidate = object()
-                    await limiter.acquire_on_behalf_of(candidate)
+                    try:
+                        limiter.acquire_on_behalf_of_nowait(candidate)
+                    except WouldBlock:
+                        await limiter.acquire_on_behalf_of(candidate)
                     slot = candidate
                 started = True
                 await self._run_connection(task, transport, local, peer)
@@ -471,8 +501,10 @@ class _Server:
         self, task: _ConnectionTask, transport: Transport, local: str, peer: str
     ) -> None:
         if self.shutdown_started:
+            self.refused["shutdown"] += 1
             transport.abort()
             return
+        self.handshaking += 1
         try:
             comm = await establish(
                 transport,
@@ -483,6 +515,7 @@ class _Server:
                 budget=self.budget,
             )
         except _HANDSHAKE_ERRORS as exc:
+            self.handshake_failures[_failure_kind(exc)] += 1
             transport.abort()
             hint = ""
             if isinstance(exc, ssl.SSLError) and isinstance(transport, TLSTransport):
@@ -490,22 +523,30 @@ class _Server:
             logger.debug("handshake with %s failed: %r%s", peer, exc, hint and f"; {hint}")
             return
         except BaseException:
+            if self.listener.shutting_down:  # (cancelled by it)
+                self.refused["shutdown"] += 1
             transport.abort()
             raise
+        finally:
+            self.handshaking -= 1
         task.established = True  # (a shutdown during the handshake cancelled the scope)
         self.active += 1
         reason: CloseReason | None = None
         try:
             try:
                 await self.handler(comm)
+                self.handlers["returned"] += 1
             except _CONNECTION_ENDED as exc:
+                self.handlers["connection-ended"] += 1
                 logger.debug("connection %s ended: %r", peer, exc)
             except Exception as exc:
+                self.handlers["raised"] += 1
                 logger.exception("connection handler for %s raised", peer)
                 reason = CloseReason.shortened(
                     CloseCode.HANDLER_ERROR, type(exc).__name__, _message(exc)
                 )
             except anyio.get_cancelled_exc_class():
+                self.handlers["cancelled"] += 1
                 reason = _GOING_AWAY if task.hook.stopped_idle else _INTERRUPTED
                 raise
         finally:
@@ -537,6 +578,19 @@ class _Server:
             self.stopped.set()
         else:
             await self.stopped.wait()
+
+
+def _failure_kind(exc: BaseException) -> str:
+    """How a handshake failed, as ListenerStatistics.handshake_failures counts it."""
+    if isinstance(exc, TimeoutError):
+        return "timeout"
+    if isinstance(exc, ssl.SSLError) and not isinstance(
+        exc, (ssl.SSLEOFError, ssl.SSLZeroReturnError)
+    ):
+        return "tls"
+    if isinstance(exc, ProtocolError):
+        return "protocol"
+    return "closed"
 
 
 def _message(exc: BaseException) -> str:

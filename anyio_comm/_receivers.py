@@ -283,6 +283,11 @@ class Receiver(metaclass=ABCMeta):
             anyio.BrokenResourceError: the connection failed.
         """
 
+    def queued(self) -> tuple[int, int]:
+        """The messages decoded and waiting to be taken, and their cost (as the
+        receive budget counts it)."""
+        return (0, 0)
+
     @abstractmethod
     def close(self) -> None:
         """Stop receiving (before the transport closes); wake a waiting task,
@@ -591,6 +596,9 @@ class PushReceiver(Receiver):
     @property
     def at_message_boundary(self) -> bool:
         return not self._queue and self._conn.at_message_boundary
+
+    def queued(self) -> tuple[int, int]:
+        return (len(self._queue), self._queued_bytes)
 
     @property
     def ended(self) -> bool:

@@ -49,6 +49,8 @@ listeners of one event loop (a process-wide budget), not between threads.
 from __future__ import annotations
 
 import math
+import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, final
 
 from .frames import PackedFrames
@@ -99,6 +101,31 @@ def frames_cost(frames: Frames) -> int:
 
 
 @final
+@dataclass(frozen=True, slots=True)
+class BudgetStatistics:
+    """What a :class:`ReceiveBudget` holds and has done
+    (:meth:`ReceiveBudget.statistics`, also a listener's in
+    :class:`~anyio_comm.ListenerStatistics`).
+
+    Attributes:
+        max_bytes: the bytes in flight beyond which new messages wait.
+        in_use: the bytes reserved now.
+        waiting: connections that wait for budget now.
+        waits: the messages that waited for budget, in all.
+        wait_seconds: how long they waited, in all, the current waits included.
+        stalls_closed: connections closed for holding budget without progress
+            while others waited.
+    """
+
+    max_bytes: int
+    in_use: int
+    waiting: int
+    waits: int
+    wait_seconds: float
+    stalls_closed: int
+
+
+@final
 class ReceiveBudget:
     """A budget of receive memory shared by the connections of a listener (or of
     several listeners: a process-wide budget).
@@ -135,7 +162,10 @@ class ReceiveBudget:
         "_large",
         "_max_bytes",
         "_stall_timeout",
+        "_stalls_closed",
+        "_wait_seconds",
         "_waiters",
+        "_waits",
     )
 
     def __init__(
@@ -158,6 +188,11 @@ class ReceiveBudget:
         self._large = 0  # reserved by the one larger message in flight (0: none)
         self._waiters: list[BudgetAccount] = []
         self._accounts: set[BudgetAccount] = set()
+        # the reservations that waited, the seconds of those that ended, and the
+        # connections closed for stalling
+        self._waits = 0
+        self._wait_seconds = 0.0
+        self._stalls_closed = 0
 
     def __repr__(self) -> str:
         return (
@@ -186,6 +221,19 @@ class ReceiveBudget:
         """How many connections wait for budget now."""
         return len(self._waiters)
 
+    def statistics(self) -> BudgetStatistics:
+        """What the budget holds and has done (see :class:`BudgetStatistics`)."""
+        now = time.monotonic()
+        return BudgetStatistics(
+            max_bytes=self._max_bytes,
+            in_use=self.in_use,
+            waiting=len(self._waiters),
+            waits=self._waits,
+            wait_seconds=self._wait_seconds
+            + sum(now - account._waiting_since for account in self._waiters),
+            stalls_closed=self._stalls_closed,
+        )
+
     def account(self) -> BudgetAccount:
         """A new connection's account (set its ``on_stall`` to close the connection)."""
         account = BudgetAccount(self)
@@ -205,6 +253,7 @@ class ReceiveBudget:
         it picks (``BudgetAccount.stall``), saying why. Called every
         :attr:`check_interval` seconds by whoever waits for budget."""
         for victim in self.check_stalls(now):
+            self._stalls_closed += 1
             victim.stall(
                 f"held {victim.held} bytes of the receive budget ({self._max_bytes} "
                 f"bytes) without progress for {self._stall_timeout:g} s while "
@@ -289,7 +338,7 @@ class ReceiveBudget:
             account = waiters[index]
             if self._take(account, account.wanted):
                 del waiters[index]
-                account.wanted = 0
+                account._stop_waiting()
                 account._stalled_since = None  # its clock starts when it is granted
                 account._starving = False
                 if account.on_grant is not None:
@@ -319,6 +368,8 @@ class BudgetAccount:
             layer; called by :meth:`stall`).
         keeper: the account that the reservations of taken messages go to
             (:meth:`taken`); ``None``: they are given back.
+        waits: the reservations that waited in line (:meth:`reserve`
+            returned False).
     """
 
     __slots__ = (
@@ -328,12 +379,15 @@ class BudgetAccount:
         "_seen",
         "_stalled_since",
         "_starving",
+        "_wait_seconds",
+        "_waiting_since",
         "held",
         "keeper",
         "on_grant",
         "on_stall",
         "progress",
         "released",
+        "waits",
         "wanted",
     )
 
@@ -351,11 +405,29 @@ class BudgetAccount:
         self._starving = False
         self._large = 0  # the part of held that is in the budget's own lane
         self.keeper: BudgetAccount | None = None
+        self.waits = 0
+        # the seconds the waits that ended took, and when the current one began
+        self._wait_seconds = 0.0
+        self._waiting_since = 0.0
 
     @property
     def budget(self) -> ReceiveBudget:
         """The budget this account draws on."""
         return self._budget
+
+    @property
+    def wait_seconds(self) -> float:
+        """The seconds this account has waited in line, the current wait included."""
+        if self.wanted:
+            return self._wait_seconds + time.monotonic() - self._waiting_since
+        return self._wait_seconds
+
+    def _stop_waiting(self) -> None:
+        """Leave the line (granted or not): the wait's time is counted."""
+        self.wanted = 0
+        waited = time.monotonic() - self._waiting_since
+        self._wait_seconds += waited
+        self._budget._wait_seconds += waited
 
     def reserve(self, nbytes: int) -> bool:
         """Reserve ``nbytes``: True if granted now; False if the account now
@@ -372,6 +444,9 @@ class BudgetAccount:
         if not any(waiter._starving for waiter in budget._waiters) and budget._take(self, nbytes):
             return True
         self.wanted = nbytes
+        self.waits += 1
+        budget._waits += 1
+        self._waiting_since = time.monotonic()
         budget._waiters.append(self)
         return False
 
@@ -430,7 +505,7 @@ class BudgetAccount:
     def cancel(self) -> None:
         """Leave the line without the reservation waited for (if waiting)."""
         if self.wanted:
-            self.wanted = 0
+            self._stop_waiting()
             budget = self._budget
             budget._waiters.remove(self)
             if budget._waiters:
@@ -455,7 +530,7 @@ class BudgetAccount:
         budget = self._budget
         budget._accounts.discard(self)
         if self.wanted:
-            self.wanted = 0
+            self._stop_waiting()
             budget._waiters.remove(self)
         if self._large:
             budget._give_back(self, self._large)

@@ -192,6 +192,8 @@ class Connection:
 
     __slots__ = (
         "_capabilities",
+        "_compressed_bytes",
+        "_compressed_wire_bytes",
         "_compression",
         "_compressor",
         "_decoder",
@@ -203,10 +205,15 @@ class Connection:
         "_version",
         "buffer_updated",
         "get_buffer",
+        "largest_sent",
         "message_taken",
         "next_message",
         "on_peer",
         "receiving",
+        "sent_control_bytes",
+        "sent_extra_frames",
+        "sent_frame_bytes",
+        "sent_messages",
     )
 
     #: ``get_buffer() -> memoryview``: the buffer the next received bytes must
@@ -268,6 +275,19 @@ class Connection:
         self.next_message = decoder.next_message
         self.message_taken = account.taken if account is not None else _nothing_reserved
         self._our_state = _OPEN
+        #: what was sent (see :meth:`sent_counters`): the preamble and a close
+        #: record, messages returned by :meth:`send_message`, their frames
+        #: beyond one each (so a message of none counts -1), the bytes their
+        #: frames took on the wire (compressed or not), and the payload bytes
+        #: of the largest; their headers' bytes follow from the counts
+        self.sent_control_bytes = 0
+        self.sent_frame_bytes = 0
+        self.sent_messages = 0
+        self.sent_extra_frames = 0
+        self.largest_sent = 0
+        # the frames sent compressed: their own bytes, and on the wire
+        self._compressed_bytes = 0
+        self._compressed_wire_bytes = 0
         self._peer: Handshake | None = None
         # messages may be sent before the peer's preamble arrived
         self._early = False
@@ -501,9 +521,11 @@ class Connection:
     def preamble(self) -> bytes:
         """The bytes to send before anything else: our preamble, announcing our
         limits and capabilities."""
-        return encode_preamble(
+        preamble = encode_preamble(
             self._decoder.limits, self._capabilities, self._version, self._compression
         )
+        self.sent_control_bytes += len(preamble)
+        return preamble
 
     def check_send(self, frames: Sequence[memoryview]) -> None:
         """Check a message against the peer's limits, as :meth:`send_message`
@@ -542,17 +564,24 @@ class Connection:
                     raise LocalProtocolError(
                         f"early data carries frames of at most {LENGTH_MASK} bytes"
                     )
+                self._count_sent(frames, 0)
                 return encode_message(frames)
             raise LocalProtocolError(self._why_not_sending())
         compressor = self._compressor
         if compressor is not None and any(f.nbytes >= compressor.min_size for f in frames):
             return self._send_compressed(frames, compressor)
         if len(frames) == 1:
-            if frames[0].nbytes > self._send_max:
-                self._send_limits.check_send([frames[0].nbytes])
+            size = frames[0].nbytes
+            if size > self._send_max:
+                self._send_limits.check_send([size])
+            self.sent_messages += 1
+            self.sent_frame_bytes += size
+            if size > self.largest_sent:
+                self.largest_sent = size
             return encode_message(frames)
         lengths = list(map(len, frames))  # flat byte views: len() is the size
         self._send_limits.check_send(lengths)
+        self._count_sent(frames, 0)
         return encode_frames(frames, lengths)
 
     def _send_compressed(
@@ -573,7 +602,75 @@ class Connection:
             else:
                 entries.append(codec | length)
                 pieces.append(wire)
+                self._compressed_bytes += length
+                self._compressed_wire_bytes += wire.nbytes
+        self._count_sent(frames, sum(p.nbytes for p in pieces) - sum(lengths))
         return frames_to_iov(encode_header(entries), pieces)
+
+    def _count_sent(self, frames: Sequence[memoryview], compressed_by: int) -> None:
+        """Count the message ``frames`` as sent, its frames ``compressed_by``
+        bytes bigger on the wire than their own (negative when compression
+        saved bytes)."""
+        size = sum(frame.nbytes for frame in frames)
+        count = len(frames)
+        self.sent_messages += 1
+        self.sent_extra_frames += count - 1
+        self.sent_frame_bytes += size + compressed_by
+        if size > self.largest_sent:
+            self.largest_sent = size
+
+    def sent_counters(self) -> tuple[int, int, int, int, int, int]:
+        """The send counters: bytes of the stream, messages, frames beyond one
+        per message, the payload bytes of the largest message, and of the
+        frames sent compressed their own bytes and their bytes on the wire."""
+        messages = self.sent_messages
+        frames = messages + self.sent_extra_frames
+        return (
+            self.sent_control_bytes + 4 * messages + 8 * frames + self.sent_frame_bytes,
+            self.sent_messages,
+            self.sent_extra_frames,
+            self.largest_sent,
+            self._compressed_bytes,
+            self._compressed_wire_bytes,
+        )
+
+    def send_mark(self) -> tuple[int, int, int, int, int, int]:
+        """The send counters as they are, to put back with :meth:`send_undo`."""
+        return (
+            self.sent_frame_bytes,
+            self.sent_messages,
+            self.sent_extra_frames,
+            self.largest_sent,
+            self._compressed_bytes,
+            self._compressed_wire_bytes,
+        )
+
+    def send_undo(self, mark: tuple[int, int, int, int, int, int]) -> None:
+        """Put back the send counters of :meth:`send_mark`: the messages
+        counted since were not sent after all (a batch left whole)."""
+        (
+            self.sent_frame_bytes,
+            self.sent_messages,
+            self.sent_extra_frames,
+            self.largest_sent,
+            self._compressed_bytes,
+            self._compressed_wire_bytes,
+        ) = mark
+
+    def received_counters(self) -> tuple[int, int, int, int, int, int]:
+        """The receive counters, as :meth:`sent_counters` (the compressed
+        frames' bytes decompressed): see :class:`FrameDecoder` and
+        :class:`~anyio_comm._sansio.inflate.Inflater`."""
+        decoder = self._decoder
+        inflater = decoder.inflater
+        return (
+            decoder.received_bytes,
+            decoder.received_messages,
+            decoder.received_extra_frames,
+            decoder.largest_received,
+            inflater.compressed_bytes,
+            inflater.compressed_wire_bytes,
+        )
 
     def send_eof(self) -> None:
         """Record that we send nothing more (our side becomes CLOSED).
@@ -598,7 +695,9 @@ class Connection:
         if not self.peer_accepts(Capability.CLOSE_REASONS):
             raise LocalProtocolError("the peer did not announce that it accepts close records")
         self._our_state = ConnectionState.CLOSED
-        return encode_close_record(reason)
+        record = encode_close_record(reason)
+        self.sent_control_bytes += len(record)
+        return record
 
     def send_failed(self) -> None:
         """Record that the buffers of a message were not all written: our side

@@ -347,7 +347,11 @@ class FrameDecoder:
         "_view",
         "budget_min",
         "inflater",
+        "largest_received",
         "on_handshake",
+        "received_bytes",
+        "received_extra_frames",
+        "received_messages",
         "state",
     )
 
@@ -407,6 +411,14 @@ class FrameDecoder:
         self._frames: list[memoryview] = []
         # the frames of a many-frame message (state PACKED: see the module)
         self._packer: Packer | None = None
+        #: what was received: bytes of the stream (the preamble and a close
+        #: record included), messages returned by :meth:`next_message`, their
+        #: frames beyond one each (so a message of none counts -1), and the
+        #: payload bytes of the largest
+        self.received_bytes = 0
+        self.received_messages = 0
+        self.received_extra_frames = 0
+        self.largest_received = 0
         self._account = account
         if account is not None:
             # the budget's stall check: bytes of the message being received
@@ -538,6 +550,7 @@ class FrameDecoder:
         :meth:`get_buffer`. Then call :meth:`next_message` (or
         :meth:`next_handshake`).
         """
+        self.received_bytes += nbytes
         if self._direct:
             self._filled += nbytes
         else:
@@ -660,6 +673,9 @@ class FrameDecoder:
                     if length <= self._fast_max and avail - 12 >= length:
                         start += 12
                         self._start = start + length
+                        self.received_messages += 1
+                        if length > self.largest_received:
+                            self.largest_received = length
                         if length < SMALL_MIN:
                             return [memoryview(self._buf[start : start + length])]
                         return [self._copy(self._view, start, start + length)]
@@ -746,6 +762,8 @@ class FrameDecoder:
                     )
                 if count == 0:
                     self._start = start + 4
+                    self.received_messages += 1
+                    self.received_extra_frames -= 1
                     return []
                 need = 8 * count
                 if avail - 4 >= need:
@@ -803,6 +821,7 @@ class FrameDecoder:
             if max(lengths) <= self._fast_frame_max and total <= self._limits.max_message_size:
                 if missing <= 0:
                     frames, self._start = self._copy_frames(lengths, start + head)
+                    self._count_message(count, total)
                     return frames
                 if self._direct_threshold <= missing <= lengths[-1] and not self._eof:
                     self._begin_last_frame(lengths, start + head, total)
@@ -1023,8 +1042,17 @@ class FrameDecoder:
                 continue
             packer.add(frame)
 
+    def _count_message(self, count: int, total: int) -> None:
+        """Count a message of ``count`` frames, ``total`` bytes, as received."""
+        self.received_messages += 1
+        self.received_extra_frames += count - 1
+        if total > self.largest_received:
+            self.largest_received = total
+
     def _finish_message(self) -> list[memoryview]:
         """End the message (its frames are complete) and return ``_frames``."""
+        lengths = self._lengths
+        self._count_message(len(lengths), sum(lengths))
         reservations = self._reservations
         if reservations is not None and reservations.held:
             # (mode PULL: no queue, the message is taken now; else the I/O layer

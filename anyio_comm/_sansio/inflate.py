@@ -51,6 +51,8 @@ class Inflater:
         "adjust",
         "check_every",
         "codecs",
+        "compressed_bytes",
+        "compressed_wire_bytes",
         "error",
         "job",
         "offload_min",
@@ -84,6 +86,10 @@ class Inflater:
         #: ... and so is the next one once this many bytes were decompressed here
         #: since the I/O layer last ran one
         self.check_every = LENGTH_MASK + 1
+        #: the compressed frames received: their bytes (decompressed), and what
+        #: they took on the wire (their prefixes included)
+        self.compressed_bytes = 0
+        self.compressed_wire_bytes = 0
 
     def forget_codecs(self) -> None:
         """Accept no compressed frame (a version-1 connection)."""
@@ -162,6 +168,8 @@ class Inflater:
                 ``length`` bytes.
         """
         self.adjust += data.nbytes - length  # on the wire: its compressed bytes
+        self.compressed_bytes += length
+        self.compressed_wire_bytes += 8 + data.nbytes
         assert self.codecs is not None
         codec = self.codecs[index]
         if length >= self.offload_min or self._inline + length > self.check_every:

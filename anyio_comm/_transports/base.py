@@ -145,6 +145,12 @@ class Transport(AsyncResource, TypedAttributeProvider, metaclass=ABCMeta):
             anyio.BrokenResourceError: the connection failed.
         """
 
+    def send_waits(self) -> tuple[int, float]:
+        """The sends that waited for the peer to take bytes sent before (its
+        backpressure), and the seconds they waited: (0, 0.0) where the
+        transport cannot tell (a byte stream's own waits are its business)."""
+        return (0, 0.0)
+
     def send_later(self, buffers: Sequence[Buffer]) -> bool:  # noqa: ARG002
         """Queue ``buffers`` to be written after everything sent or queued before,
         without waiting and without a system call now: the next

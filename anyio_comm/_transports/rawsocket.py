@@ -53,6 +53,7 @@ import errno
 import os
 import socket
 import sys
+import time
 import weakref
 from typing import TYPE_CHECKING, Any, Final
 
@@ -376,6 +377,8 @@ class SocketTransport(Transport, SocketStream):
         "_reader",
         "_seal",
         "_send_interrupted",
+        "_send_wait_seconds",
+        "_send_waits",
         "_sock",
         "_trio",
         "_trio_busy",
@@ -390,6 +393,9 @@ class SocketTransport(Transport, SocketStream):
         self._sock = sock
         self._closed = False
         self._send_interrupted = False
+        # the sends that waited for room in the socket's buffer, and for how long
+        self._send_waits = 0
+        self._send_wait_seconds = 0.0
         # The last recv returned less than it asked for: the socket was empty.
         self.drained = False
         backend = current_backend()
@@ -585,32 +591,43 @@ class SocketTransport(Transport, SocketStream):
             pending = list(buffers)
             first = 0
         waited = False
-        while first < count:
-            if full:
-                waited = True
-                if self._writer is not None:
-                    break  # the event loop's callback sends the rest (see _LoopWriter)
+        waiting_since = 0.0
+        try:
+            while first < count:
+                if full:
+                    if not waited:
+                        waited = True
+                        self._send_waits += 1
+                        waiting_since = time.monotonic()
+                    if self._writer is not None:
+                        break  # the event loop's callback sends the rest (see _LoopWriter)
+                    try:
+                        await self._wait(readable=False)
+                    except BaseException:
+                        if sent_any:
+                            self._send_interrupted = True
+                        raise
+                if self._closed:
+                    raise ClosedResourceError
                 try:
-                    await self._wait(readable=False)
-                except BaseException:
-                    if sent_any:
-                        self._send_interrupted = True
-                    raise
-            if self._closed:
-                raise ClosedResourceError
-            try:
-                _, first, full = _send_once(sock, pending, first)
-            except BlockingIOError:
-                full = True
-                continue
-            except OSError as exc:
-                self._send_interrupted = True
-                raise self._translate(exc) from exc
-            sent_any = True
-            full = full and wait_when_full
-        else:
-            return waited
-        return await self._send_rest(pending, first, sent_any)
+                    _, first, full = _send_once(sock, pending, first)
+                except BlockingIOError:
+                    full = True
+                    continue
+                except OSError as exc:
+                    self._send_interrupted = True
+                    raise self._translate(exc) from exc
+                sent_any = True
+                full = full and wait_when_full
+            else:
+                return waited
+            return await self._send_rest(pending, first, sent_any)
+        finally:
+            if waited:
+                self._send_wait_seconds += time.monotonic() - waiting_since
+
+    def send_waits(self) -> tuple[int, float]:
+        return (self._send_waits, self._send_wait_seconds)
 
     async def _send_rest(self, pending: list[Any], first: int, sent_any: bool) -> bool:
         """Have the event loop's writable callback send ``pending[first:]``; return

@@ -480,6 +480,9 @@ class TLSTransport(Transport):
     def send_interrupted(self) -> bool:
         return self._send_interrupted
 
+    def send_waits(self) -> tuple[int, float]:
+        return self._inner.send_waits()  # (the ciphertext's writes wait there)
+
     async def send_all(self, buffers: Sequence[Buffer]) -> bool:
         if self._closed or self._eof:
             raise ClosedResourceError

@@ -406,3 +406,32 @@ def test_a_closed_account_drops_its_callbacks() -> None:
     account.close()
     assert account.on_grant is None and account.on_stall is None
     assert account.progress() is None
+
+
+def test_statistics_count_waits_their_time_and_stalls() -> None:
+    """Without an event loop: the budget's and each account's waits, their
+    seconds (the current wait's included), and the connections closed for
+    stalling."""
+    budget = ReceiveBudget(100, stall_timeout=1)
+    holder, waiter, other = (budget.account() for _ in range(3))
+    holder.on_stall = lambda reason: None
+    fresh = budget.statistics()
+    assert (fresh.max_bytes, fresh.in_use, fresh.waiting, fresh.waits) == (100, 0, 0, 0)
+    assert (fresh.wait_seconds, fresh.stalls_closed) == (0.0, 0)
+    assert holder.reserve(80)
+    assert not waiter.reserve(50)
+    assert not other.reserve(30)
+    waiting = budget.statistics()
+    assert (waiting.in_use, waiting.waiting, waiting.waits) == (80, 2, 2)
+    assert waiting.wait_seconds >= 0
+    assert (waiter.waits, other.waits, holder.waits) == (1, 1, 0)
+    assert budget.statistics().wait_seconds >= waiting.wait_seconds  # (still growing)
+    budget.close_stalled(0.0)
+    budget.close_stalled(1.0)  # the holder made no progress for 1 s: closed
+    done = budget.statistics()
+    assert (done.in_use, done.waiting, done.waits, done.stalls_closed) == (80, 0, 2, 1)
+    assert done.wait_seconds == waiter.wait_seconds + other.wait_seconds
+    ended = waiter.wait_seconds
+    assert waiter.wait_seconds == ended  # (no longer growing)
+    other.cancel()
+    assert budget.statistics().waits == 2

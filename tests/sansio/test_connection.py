@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from anyio_comm import Limits, LocalProtocolError, RemoteProtocolError
+from anyio_comm import CloseCode, CloseReason, Limits, LocalProtocolError, RemoteProtocolError
 from anyio_comm._sansio.connection import Connection, ConnectionState, EndOfData
 from anyio_comm._sansio.wire import encode_header
 
@@ -272,3 +272,36 @@ def test_early_data_carries_no_frame_of_2_to_the_56_bytes() -> None:
     v1 = Connection(version=1)
     v1.send_early()
     assert len(v1.send_message([HugeFrame(HUGE)])) == 2  # type: ignore[list-item]
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [
+        [[1]],
+        [[0], [], [10, 20]],
+        [[5000] * 3, [20] * 40],
+        [[70_000], [3, 300_000]],
+    ],
+)
+def test_the_counters_match_the_bytes_on_the_wire(shapes: list[list[int]]) -> None:
+    """Without an event loop: the sender's and the receiver's counters agree with
+    the bytes that went between them, the preambles and a close record included."""
+    pair = Pair()
+    sent = pair.a.sent_counters()[0]  # the preamble
+    assert sent == pair.b.received_counters()[0] > 0
+    for shape in shapes:
+        frames = [bytes(n) for n in shape]
+        data = joined(pair.a.send_message([memoryview(f) for f in frames]))
+        sent += len(data)
+        assert deliver(pair.b, data) == [frames]
+    record = pair.a.close_record(CloseReason(CloseCode.NORMAL))
+    sent += len(record)
+    with pytest.raises(EndOfData):
+        deliver(pair.b, record)
+        pair.b.next_message()
+    received = pair.b.received_counters()
+    assert pair.a.sent_counters()[:4] == received[:4]
+    assert received[0] == sent
+    assert received[1] == len(shapes)
+    assert received[1] + received[2] == sum(map(len, shapes))
+    assert received[3] == max(sum(shape) for shape in shapes)
