@@ -243,6 +243,20 @@ class _Deferred:
         self.error = error
 
 
+def _not_sent(
+    conn: Connection,
+    messages: Sequence[list[memoryview]],
+    counted: tuple[int, int, int, int, int, int] | None,
+) -> None:
+    """Take back the send counts of ``messages``, whose write failed before any
+    byte of it went (``counted``: the counters before a batch; ``None``: one
+    message, the last counted)."""
+    if counted is not None:
+        conn.send_undo(counted)
+    else:
+        conn.unsend_last(messages[0])
+
+
 def _as_frame(buffer: Buffer) -> memoryview:
     view = memoryview(buffer)
     if not view.c_contiguous:
@@ -905,8 +919,18 @@ class Comm(ObjectStream[Any]):
             guard.raise_busy()
         guard.held = True
         try:
+            # The write, here rather than in a helper: a coroutine frame per send.
+            # (A cancellation is raised before the messages are encoded, and so
+            # counted as sent: only the write can fail after that.)
+            trio_lowlevel = self._trio
+            yield_due = self._unyielded >= _YIELD_AFTER
+            if trio_lowlevel is None and yield_due:
+                await asyncio.sleep(0)
+            elif self._cancel_due():
+                await self._check_cancelled()
             conn = self._conn
             refused = _NONE_REFUSED
+            counted = None
             if len(messages) == 1:  # (the common case, without the loop's cost)
                 try:
                     iov = conn.send_message(messages[0])
@@ -928,13 +952,6 @@ class Comm(ObjectStream[Any]):
                 if not iov or (refused and not partial):
                     conn.send_undo(counted)  # (nothing of them is sent)
                     return refused
-            # The write, here rather than in a helper: a coroutine frame per send.
-            trio_lowlevel = self._trio
-            yield_due = self._unyielded >= _YIELD_AFTER
-            if trio_lowlevel is None and yield_due:
-                await asyncio.sleep(0)
-            elif self._cancel_due():
-                await self._check_cancelled()
             transport = self._transport
             if not self._waited and transport.send_later(iov):
                 # Not a reply: written behind, with the next send that writes or
@@ -951,12 +968,15 @@ class Comm(ObjectStream[Any]):
             try:
                 waited = await transport.send_all(iov)
             except ClosedResourceError:
+                _not_sent(conn, messages, counted)
                 self._check_state()
                 raise
             except BaseException as exc:
                 if transport.send_interrupted:
                     conn.send_failed()
                     await self._fail()
+                else:
+                    _not_sent(conn, messages, counted)
                 if isinstance(exc, BrokenResourceError):
                     # The peer may have said why it closed (the event loop's
                     # reader found its record already): report that, for good.

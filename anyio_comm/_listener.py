@@ -482,15 +482,13 @@ class _Server:
             with task.scope:
                 if limiter is not None and slot is None:
                     candidate = object()
-                    try:
-                        limiter.acquire_on_behalf_of_nowait(candidate)
-                    except WouldBlock:
-                        await limiter.acquire_on_behalf_of(candidate)
+                    await limiter.acquire_on_behalf_of(candidate)
                     slot = candidate
                 started = True
                 await self._run_connection(task, transport, local, peer)
         finally:
             if not started:  # (stopped while it waited for room: it closes here)
+                self.refused["shutdown"] += 1
                 transport.abort()
             self.connections.discard(task)
             if slot is not None and limiter is not None:
@@ -522,9 +520,8 @@ class _Server:
                 hint = not_tls_hint(transport.peer_first_bytes, "client")
             logger.debug("handshake with %s failed: %r%s", peer, exc, hint and f"; {hint}")
             return
-        except BaseException:
-            if self.listener.shutting_down:  # (cancelled by it)
-                self.refused["shutdown"] += 1
+        except BaseException:  # (cancelled: the listener stops)
+            self.refused["shutdown"] += 1
             transport.abort()
             raise
         finally:

@@ -48,7 +48,8 @@ class CommStatistics:
             compressed, decompressed.
         compressed_wire_bytes_received: what those frames took on the wire.
         queued_messages: messages received that no receive has taken yet (the
-            event loop's reader queues them on asyncio and uvloop).
+            event loop's reader queues them over sockets on asyncio and
+            uvloop; those left when the comm closed stay counted).
         queued_bytes: what they hold, as the receive budget counts it (their
             frames' bytes and a small overhead per frame).
         send_waits: sends that waited for the peer to take what was sent
@@ -57,18 +58,19 @@ class CommStatistics:
             ``inproc://`` and :func:`~anyio_comm.from_stream` streams.
         send_wait_seconds: how long they waited, in all.
         budget_waits: messages that waited for the receive budget before
-            they could be received (see ``receive_budget`` in
-            :func:`~anyio_comm.listen` and :func:`~anyio_comm.connect`).
+            they could be received (a listener's comms: see ``receive_budget``
+            in :func:`~anyio_comm.listen`; 0 for others, which have none).
         budget_wait_seconds: how long they waited, in all, the current wait
             included.
-        connect_seconds: how long opening the connection took (the socket's
-            connect, over TCP the first address that answered): for a comm from
+        connect_seconds: how long opening the connection took, name
+            resolution and every address tried included: for a comm from
             :func:`~anyio_comm.connect` over a socket, else ``None``.
         handshake_seconds: how long the handshakes took (TLS's, then the
             exchange of preambles), until the comm was ready (with early
             data, until our preamble was written).
-        close_reason: the reason this side gave when it closed the comm
-            (``aclose(reason)``, or a failure told to the peer), or ``None``.
+        close_reason: the reason this side closed the comm with
+            (``aclose(reason)``, or a failure it closed for), whether or not the
+            peer could be told, or ``None``.
         peer_close_reason: the reason the peer's close record gave, once a
             receive reached it, or ``None``.
     """
@@ -120,17 +122,18 @@ class ListenerStatistics:
     (:meth:`~anyio_comm.Listener.statistics`).
 
     Attributes:
-        accepted: connections accepted (each then runs its handshake).
+        accepted: connections accepted.
         handshaking: connections in their handshake now (TLS's, then the
             preambles').
         active: connections whose handler runs now
             (:attr:`~anyio_comm.Listener.active_connections`).
-        refused: connections and accepts that never reached a handshake, by
+        refused: connections and accepts that never reached a handler, by
             why: ``"reset"`` (closed by the peer before it was taken),
             ``"aborted"`` (an accept the system aborted), ``"out-of-resources"``
             (an accept that failed for lack of file descriptors or memory:
             the listener retries after 0.1 s), ``"shutdown"`` (the listener
-            shut down before or during the handshake).
+            stopped before or during the handshake: its :meth:`shutdown
+            <anyio_comm.Listener.shutdown>`, or the end of its block).
         handshake_failures: handshakes that failed, by why: ``"timeout"``
             (``handshake_timeout``), ``"tls"`` (TLS refused: a certificate, a
             client that does not speak TLS), ``"protocol"`` (the peer does not

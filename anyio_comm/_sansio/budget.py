@@ -111,10 +111,12 @@ class BudgetStatistics:
         max_bytes: the bytes in flight beyond which new messages wait.
         in_use: the bytes reserved now.
         waiting: connections that wait for budget now.
-        waits: the messages that waited for budget, in all.
+        waits: the reservations that waited for budget, in all: messages, and
+            an RPC server's calls waiting for a worker.
         wait_seconds: how long they waited, in all, the current waits included.
-        stalls_closed: connections closed for holding budget without progress
-            while others waited.
+        stalls_closed: holders closed for holding budget without progress
+            while others waited: connections, and an RPC server's calls
+            waiting for a worker (a connection and its calls may both be).
     """
 
     max_bytes: int

@@ -198,6 +198,9 @@ class Connection:
         "_compressor",
         "_decoder",
         "_early",
+        "_largest_before",
+        "_largest_raised_by",
+        "_last_counted",
         "_our_state",
         "_peer",
         "_send_limits",
@@ -288,6 +291,12 @@ class Connection:
         # the frames sent compressed: their own bytes, and on the wire
         self._compressed_bytes = 0
         self._compressed_wire_bytes = 0
+        # to take back the last message's counts (unsend_last): the counts off
+        # the one-frame path (message number, frame bytes, compressed bytes and
+        # their wire bytes), and the largest message before the last that raised it
+        self._last_counted = (0, 0, 0, 0)
+        self._largest_before = 0
+        self._largest_raised_by = 0
         self._peer: Handshake | None = None
         # messages may be sent before the peer's preamble arrived
         self._early = False
@@ -564,7 +573,7 @@ class Connection:
                     raise LocalProtocolError(
                         f"early data carries frames of at most {LENGTH_MASK} bytes"
                     )
-                self._count_sent(frames, 0)
+                self._count_sent(frames)
                 return encode_message(frames)
             raise LocalProtocolError(self._why_not_sending())
         compressor = self._compressor
@@ -577,11 +586,11 @@ class Connection:
             self.sent_messages += 1
             self.sent_frame_bytes += size
             if size > self.largest_sent:
-                self.largest_sent = size
+                self._raise_largest(size)
             return encode_message(frames)
         lengths = list(map(len, frames))  # flat byte views: len() is the size
         self._send_limits.check_send(lengths)
-        self._count_sent(frames, 0)
+        self._count_sent(frames)
         return encode_frames(frames, lengths)
 
     def _send_compressed(
@@ -594,6 +603,7 @@ class Connection:
         codec = compressor.codec << CODEC_SHIFT
         entries = []
         pieces: list[memoryview] = []
+        packed = packed_wire = 0
         for frame, length in zip(frames, lengths, strict=True):
             wire = compressor.compress(frame) if length >= compressor.min_size else None
             if wire is None:
@@ -602,22 +612,49 @@ class Connection:
             else:
                 entries.append(codec | length)
                 pieces.append(wire)
-                self._compressed_bytes += length
-                self._compressed_wire_bytes += wire.nbytes
-        self._count_sent(frames, sum(p.nbytes for p in pieces) - sum(lengths))
+                packed += length
+                packed_wire += wire.nbytes
+        self._count_sent(frames, packed, packed_wire)
         return frames_to_iov(encode_header(entries), pieces)
 
-    def _count_sent(self, frames: Sequence[memoryview], compressed_by: int) -> None:
-        """Count the message ``frames`` as sent, its frames ``compressed_by``
-        bytes bigger on the wire than their own (negative when compression
-        saved bytes)."""
+    def _count_sent(self, frames: Sequence[memoryview], packed: int = 0, wire: int = 0) -> None:
+        """Count the message ``frames`` as sent (off the one-frame path), of
+        which frames of ``packed`` bytes went compressed, in ``wire`` bytes."""
         size = sum(frame.nbytes for frame in frames)
-        count = len(frames)
+        frame_bytes = size - packed + wire
         self.sent_messages += 1
-        self.sent_extra_frames += count - 1
-        self.sent_frame_bytes += size + compressed_by
+        self.sent_extra_frames += len(frames) - 1
+        self.sent_frame_bytes += frame_bytes
+        self._compressed_bytes += packed
+        self._compressed_wire_bytes += wire
+        self._last_counted = (self.sent_messages, frame_bytes, packed, wire)
         if size > self.largest_sent:
-            self.largest_sent = size
+            self._raise_largest(size)
+
+    def _raise_largest(self, size: int) -> None:
+        """``size`` is the largest message sent yet (the one just counted)."""
+        self._largest_before = self.largest_sent
+        self._largest_raised_by = self.sent_messages
+        self.largest_sent = size
+
+    def unsend_last(self, frames: Sequence[memoryview]) -> None:
+        """Take back the counts of the last message :meth:`send_message`
+        returned, ``frames``, whose write failed before any byte of it went."""
+        messages = self.sent_messages
+        last = self._last_counted
+        if last[0] == messages:
+            _, frame_bytes, packed, wire = last
+            self._last_counted = (0, 0, 0, 0)
+        else:  # (the one-frame path, which keeps no record)
+            frame_bytes, packed, wire = frames[0].nbytes, 0, 0
+        self.sent_messages = messages - 1
+        self.sent_extra_frames -= len(frames) - 1
+        self.sent_frame_bytes -= frame_bytes
+        self._compressed_bytes -= packed
+        self._compressed_wire_bytes -= wire
+        if self._largest_raised_by == messages:
+            self.largest_sent = self._largest_before
+            self._largest_raised_by = 0
 
     def sent_counters(self) -> tuple[int, int, int, int, int, int]:
         """The send counters: bytes of the stream, messages, frames beyond one
@@ -656,6 +693,8 @@ class Connection:
             self._compressed_bytes,
             self._compressed_wire_bytes,
         ) = mark
+        self._last_counted = (0, 0, 0, 0)  # (the records of unsend_last: outdated)
+        self._largest_raised_by = 0
 
     def received_counters(self) -> tuple[int, int, int, int, int, int]:
         """The receive counters, as :meth:`sent_counters` (the compressed

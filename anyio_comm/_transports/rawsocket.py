@@ -638,7 +638,10 @@ class SocketTransport(Transport, SocketStream):
             await writer.send_rest(self._sock, pending, first)
         except NotImplementedError:  # no add_writer: wait for writability instead
             self._writer = None
+            # (this send's wait is counted already, and its seconds will be)
+            counted = self._send_waits, self._send_wait_seconds
             await self.send_all(pending[first:])
+            self._send_waits, self._send_wait_seconds = counted
             return True
         except OSError as exc:
             self._send_interrupted = True
@@ -813,10 +816,15 @@ class SocketTransport(Transport, SocketStream):
         written, the queue is put back (its messages were reported sent)."""
         writing = self._writing_behind
         if writing is not None:
+            # (the queue's rest waits for room in the socket: the peer's backpressure)
+            self._send_waits += 1
+            waiting_since = time.monotonic()
             try:
                 await writing()
             except OSError as exc:  # (asyncio: the writable callback's failure)
                 self._behind_failed(exc)
+            finally:
+                self._send_wait_seconds += time.monotonic() - waiting_since
         error = self._behind_error
         if error is not None:
             self._send_interrupted = True

@@ -53,6 +53,7 @@ from ._pool import Pool
 from ._retry import Retry
 from ._sending import Channel, Upload
 from ._server import Server, serve
+from ._statistics import Histogram, MethodStatistics, ServerStatistics
 
 if _TYPE_CHECKING:
     import ssl
@@ -75,9 +76,11 @@ __all__ = [
     "ClientInterceptor",
     "DeadlineExceededError",
     "HealthStatus",
+    "Histogram",
     "InputStream",
     "InvalidArgumentsError",
     "MethodNotFoundError",
+    "MethodStatistics",
     "OutgoingCall",
     "OverloadedError",
     "Pool",
@@ -87,6 +90,7 @@ __all__ = [
     "Retry",
     "Server",
     "ServerInterceptor",
+    "ServerStatistics",
     "Stream",
     "UnavailableError",
     "Upload",

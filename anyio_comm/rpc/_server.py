@@ -80,6 +80,7 @@ from ._protocol import (
     Result,
     decode,
 )
+from ._statistics import MethodCounters, ServerStatistics
 
 if TYPE_CHECKING:
     import ssl
@@ -274,8 +275,10 @@ class _Running:
 
     __slots__ = (
         "allowance",
+        "arrived",
         "cancelled_by_client",
         "charge",
+        "counters",
         "credit",
         "credited",
         "deadline",
@@ -308,6 +311,10 @@ class _Running:
         self.credited: anyio.Event | None = None
         #: the items the client sends an upload or a channel
         self.input: InputStream | None = None
+        #: its method's counters (once admitted), and when it arrived (with
+        #: detailed statistics)
+        self.counters: MethodCounters | None = None
+        self.arrived = 0.0
 
     def add_credit(self, count: int) -> None:
         self.credit += count
@@ -459,8 +466,13 @@ class Server:
         max_queued: int,
         interceptors: tuple[ServerInterceptor, ...] = (),
         input_window: int = DEFAULT_INPUT_WINDOW,
+        detailed_statistics: bool = False,
     ) -> None:
         self._methods = methods
+        self._detailed = detailed_statistics
+        self._counters = {name: MethodCounters(detailed_statistics) for name in methods}
+        self._refused: collections.Counter[str] = collections.Counter()
+        self._dropped = 0
         self._interceptors = interceptors
         self._input_window = input_window
         self._max_per_connection = max_calls_per_connection
@@ -490,6 +502,16 @@ class Server:
     def calls_running(self) -> int:
         """The calls and notifications whose handler runs now, on all connections."""
         return self._slots.total - self._slots.free
+
+    def statistics(self) -> ServerStatistics:
+        """What the server has done so far, per method (see
+        :class:`ServerStatistics`); also after it stopped."""
+        return ServerStatistics(
+            methods={name: counters.snapshot() for name, counters in self._counters.items()},
+            refused=dict(self._refused),
+            notifications_dropped=self._dropped,
+            calls_running=self.calls_running,
+        )
 
     def set_serving(self, serving: bool, service: str = "") -> None:
         """What the health service answers (:meth:`Client.check_health
@@ -585,6 +607,10 @@ class Server:
                     session.outbox.close()
                     task_group.cancel_scope.cancel()  # the caller went away
         finally:
+            for running in session.running.values():  # (the calls not answered)
+                self._count_end(running, "lost")
+            for work in session.queue:  # (and the notifications not run)
+                self._count_end(work.state, "lost")
             for running in list(session.holders):
                 self._release(session, running)
             if session.keeper is not None:
@@ -689,6 +715,7 @@ class Server:
             running = _Running(deadline)
             if self._admit(session, running):
                 session.running[call.id] = running
+                self._count_arrival(session, running, call.method)
                 assert method is not None
                 if call.input:
                     self._open_input(session, call, running)
@@ -734,9 +761,11 @@ class Server:
         elif not self._admit(session, running):
             why = "the server is at its limit"
         else:
+            self._count_arrival(session, running, notify.method)
             return _Invocation(notify, method, running)
         if held:
             session.keeper.release(held)  # type: ignore[union-attr]
+        self._dropped += 1
         session.dropped += 1
         if session.dropped & (session.dropped - 1) == 0:  # 1, 2, 4, 8, ...: the log stays small
             logger.warning(
@@ -746,6 +775,41 @@ class Server:
                 why,
             )
         return None
+
+    def _count_arrival(self, session: _Session, running: _Running, method: str) -> None:
+        """Count an admitted call (or notification) of ``method``."""
+        counters = running.counters = self._counters[method]
+        counters.calls += 1
+        if self._detailed:
+            running.arrived = session.clock()
+
+    @staticmethod
+    def _count_start(session: _Session, running: _Running) -> None:
+        """Count how long a call waited before its handler started."""
+        counters = running.counters
+        if counters is not None and counters.queue_wait is not None:
+            counters.queue_wait.add(session.clock() - running.arrived)
+
+    @staticmethod
+    def _count_reply(session: _Session, running: _Running) -> None:
+        """Count how long a call took, from its arrival to its reply."""
+        counters = running.counters
+        if counters is not None and counters.latency is not None:
+            counters.latency.add(session.clock() - running.arrived)
+
+    @staticmethod
+    def _count_end(running: _Running, error: str | None = None) -> None:
+        """Count the end of an admitted call: ``error`` says why it failed
+        (``"cancelled"``: the caller cancelled it)."""
+        counters = running.counters
+        if counters is None:
+            return
+        running.counters = None  # (counted once)
+        counters.ended += 1
+        if error == "cancelled":
+            counters.cancelled += 1
+        elif error is not None:
+            counters.errors[error] += 1
 
     def _charge(self, session: _Session, running: _Running, cost: int, held: int) -> bool:
         """Charge a call about to be queued for its message, of ``cost`` bytes, of
@@ -850,7 +914,12 @@ class Server:
                 await wakeup.wait()
 
     def _withdraw(self, session: _Session, call_id: int, running: _Running) -> None:
-        """Take a call out of the queue before it started (a worker skips it)."""
+        """Take a call out of the queue before it started (a worker skips it):
+        the caller cancelled it, or its deadline passed."""
+        self._count_end(
+            running,
+            "cancelled" if running.cancelled_by_client else ErrorCode.DEADLINE_EXCEEDED.value,
+        )
         running.withdrawn = True
         del session.running[call_id]
         if running.input is not None:
@@ -889,10 +958,10 @@ class Server:
         elif running.deadline < session.expiry_at:
             session.expiry_wakeup.set()
 
-    @staticmethod
-    def _refuse(session: _Session, call: Call, code: ErrorCode, text: str) -> None:
+    def _refuse(self, session: _Session, call: Call, code: ErrorCode, text: str) -> None:
         """Answer ``call`` with an error now (the connection is not read while its
         outbox is full, so these stay bounded)."""
+        self._refused[code.value] += 1
         session.outbox.put_now(_refusal(call, code, text).encode())
 
     async def _worker(self, session: _Session) -> None:
@@ -954,6 +1023,7 @@ class Server:
         reply: Result | ErrorReply | None = None
         try:
             if _withdrawn(running):
+                self._count_end(running, "cancelled")
                 return  # cancelled while it waited in the queue
             about = CallContext(
                 call.method,
@@ -973,6 +1043,8 @@ class Server:
                 await self._take_slot(session, running)
                 self._uncharge(session, running)  # its arguments are the handler's now
                 handled = True
+                if self._detailed:
+                    self._count_start(session, running)
                 if running.input is not None:
                     running.input.open()
                 if self._interceptors:
@@ -988,6 +1060,7 @@ class Server:
                 reply = ErrorReply(call.id, ErrorCode.ERROR, _type_name(failure), _text(failure))
             elif reply is None:  # cancelled here
                 if running.cancelled_by_client:
+                    self._count_end(running, "cancelled")
                     return  # the caller is not waiting
                 reply = _refusal(
                     call,
@@ -996,12 +1069,24 @@ class Server:
                     if handled
                     else _WAITED_PAST_DEADLINE.format(_name(call.method)),
                 )
+                if not handled:
+                    self._refused[ErrorCode.DEADLINE_EXCEEDED.value] += 1
             if call.metadata is not None and about._trailers:
                 reply = dataclasses.replace(reply, trailers=about._trailers)
-            if type(reply) is ErrorReply and reply.status is not None and not session.status:
-                reply.status = None  # a client that does not know it
+            if type(reply) is ErrorReply:
+                if reply.status is not None and not session.status:
+                    reply.status = None  # a client that does not know it
+                error: str | None = (
+                    reply.type if reply.code is ErrorCode.ERROR else reply.code.value
+                )
+            else:
+                error = None
             await self._reply(session, call, reply)
+            if self._detailed:
+                self._count_reply(session, running)
+            self._count_end(running, error)
         finally:
+            self._count_end(running, "lost")  # (not answered: the connection ended)
             del session.running[call.id]
             if running.input is not None:
                 running.input.discard()
@@ -1145,8 +1230,22 @@ class Server:
             "notification",
         )
         context.run(CURRENT_CALL.set, about)
-        await self._take_slot(session, running)
-        self._uncharge(session, running)
+        error: str | None = "lost"  # (until it ends)
+        try:
+            await self._take_slot(session, running)
+            self._uncharge(session, running)
+            if self._detailed:
+                self._count_start(session, running)
+            error = await self._notify(work, context, about)
+        finally:
+            self._count_end(running, error)
+
+    async def _notify(
+        self, work: _Invocation[Notify], context: contextvars.Context, about: CallContext
+    ) -> str | None:
+        """Run a notification's handler (through the interceptors); return why
+        it failed (the exception's class name), or ``None``."""
+        notify = work.request
         try:
             if self._interceptors:
                 proceeded = False
@@ -1161,14 +1260,16 @@ class Server:
 
                 chain = context.run(intercepted, self._interceptors, about, proceed)
                 await InContext(chain, context)
-                return
+                return None
             result = context.run(work.handler, *notify.args, **notify.kwargs)
             if inspect.iscoroutine(result):
                 await InContext(result, context)
             elif inspect.isawaitable(result):
                 await result
-        except Exception:
+        except Exception as exc:
             logger.exception("notification of %s failed", _name(notify.method))
+            return _type_name(exc)
+        return None
 
 
 @overload
@@ -1184,6 +1285,7 @@ def serve(
     max_queued: int = ...,
     interceptors: Sequence[ServerInterceptor] = ...,
     input_window: int = ...,
+    detailed_statistics: bool = ...,
     options: Options | None = ...,
     max_connections: int | None = ...,
     receive_budget: ReceiveBudget | int | None = ...,
@@ -1204,6 +1306,7 @@ def serve(
     max_queued: int = ...,
     interceptors: Sequence[ServerInterceptor] = ...,
     input_window: int = ...,
+    detailed_statistics: bool = ...,
     options: Options | None = ...,
     max_connections: int | None = ...,
     receive_budget: ReceiveBudget | int | None = ...,
@@ -1224,6 +1327,7 @@ def serve(
     max_queued: int = DEFAULT_LIMIT,
     interceptors: Sequence[ServerInterceptor] = (),
     input_window: int = DEFAULT_INPUT_WINDOW,
+    detailed_statistics: bool = False,
     options: Options | None = None,
     max_connections: int | None = None,
     receive_budget: ReceiveBudget | int | None = DEFAULT_RECEIVE_BUDGET,
@@ -1268,6 +1372,9 @@ def serve(
             (see the RPC guide, "Interceptors").
         input_window: items of an upload's or a channel's input the client
             may send before the handler takes them.
+        detailed_statistics: also keep, per method, histograms of the calls'
+            latency and of their wait for a worker and a slot
+            (:meth:`Server.statistics`); the counters are kept either way.
         options: as for :func:`anyio_comm.listen`, and so are
             ``max_connections``, ``receive_budget``, ``backlog``,
             ``ssl_context``, ``handshake_threads`` and the fields of
@@ -1308,6 +1415,7 @@ def serve(
         max_queued=max_queued,
         interceptors=check_interceptors(interceptors),
         input_window=input_window,
+        detailed_statistics=bool(detailed_statistics),
     )
     listening = listen(
         address,

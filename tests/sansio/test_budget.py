@@ -433,5 +433,14 @@ def test_statistics_count_waits_their_time_and_stalls() -> None:
     assert done.wait_seconds == waiter.wait_seconds + other.wait_seconds
     ended = waiter.wait_seconds
     assert waiter.wait_seconds == ended  # (no longer growing)
-    other.cancel()
-    assert budget.statistics().waits == 2
+    # A wait that ends without a grant, by cancel() or close(), is counted too.
+    for leave in ("cancel", "close"):
+        leaving = budget.account()
+        assert not leaving.reserve(50)
+        assert budget.statistics().waiting == 1
+        getattr(leaving, leave)()
+        assert leaving.waits == 1 and leaving.wanted == 0
+        left = budget.statistics()
+        assert left.waiting == 0 and left.in_use == 80
+        assert left.wait_seconds >= done.wait_seconds
+    assert budget.statistics().waits == 4

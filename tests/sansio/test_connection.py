@@ -305,3 +305,21 @@ def test_the_counters_match_the_bytes_on_the_wire(shapes: list[list[int]]) -> No
     assert received[1] == len(shapes)
     assert received[1] + received[2] == sum(map(len, shapes))
     assert received[3] == max(sum(shape) for shape in shapes)
+
+
+@pytest.mark.parametrize(
+    "shapes",
+    [[[10]], [[10], [5000]], [[3, 4], [2000]], [[1], [1, 2, 3]], [[]], [[100_000]]],
+)
+def test_unsend_last_takes_back_exactly_the_last_message(shapes: list[list[int]]) -> None:
+    """Counts after sending ``shapes[:-1]`` equal those after sending all of them
+    and taking the last back (the largest message included)."""
+    pair = Pair()
+    for shape in shapes[:-1]:
+        pair.a.send_message([memoryview(bytes(n)) for n in shape])
+    before = pair.a.sent_counters()
+    last = [memoryview(bytes(n)) for n in shapes[-1]]
+    pair.a.send_message(last)
+    assert pair.a.sent_counters() != before
+    pair.a.unsend_last(last)
+    assert pair.a.sent_counters() == before
