@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import socket
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
@@ -28,7 +29,7 @@ from .helpers import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import AsyncIterator, Sequence
 
     from anyio.abc import ByteStream
 
@@ -329,6 +330,21 @@ async def _raw_peer(address: str, tls: bool) -> ByteStream:
     return stream
 
 
+@asynccontextmanager
+async def _budget_listener(
+    scheme: str, handler: Any, budget: ReceiveBudget
+) -> AsyncIterator[tuple[anyio_comm.Listener, dict[str, Any]]]:
+    """A listener over ``scheme`` (tcp or tls) with ``budget``, and the keyword
+    arguments of a client's connect()."""
+    kwargs: dict[str, Any] = {"receive_budget": budget}
+    client_kwargs: dict[str, Any] = {}
+    if scheme == "tls":
+        kwargs["ssl_context"] = server_context()
+        client_kwargs["ssl_context"] = client_context()
+    async with anyio_comm.listen(f"{scheme}://127.0.0.1:0", handler, **kwargs) as listener:
+        yield listener, client_kwargs
+
+
 @pytest.mark.parametrize("scheme", ["tcp", "tls"])
 async def test_budget_waits_are_counted_with_their_time(scheme: str) -> None:
     """A peer holds 3 MiB of a 4 MiB budget with half a message for 0.3 s: a
@@ -345,13 +361,8 @@ async def test_budget_waits_are_counted_with_their_time(scheme: str) -> None:
             assert len(frames) == 3 * MiB
             got.set()
 
-    kwargs: dict[str, Any] = {"receive_budget": budget}
-    client_kwargs: dict[str, Any] = {}
-    if scheme == "tls":
-        kwargs["ssl_context"] = server_context()
-        client_kwargs["ssl_context"] = client_context()
     with anyio.fail_after(30):
-        async with anyio_comm.listen(f"{scheme}://127.0.0.1:0", handler, **kwargs) as listener:
+        async with _budget_listener(scheme, handler, budget) as (listener, client_kwargs):
             holder = await _raw_peer(listener.address, scheme == "tls")
             body = bytes(3 * MiB)
             await holder.send(encode_header([len(body)]) + body[:MiB])
@@ -391,13 +402,8 @@ async def test_connections_closed_for_stalling_are_counted(scheme: str) -> None:
     from anyio_comm._sansio.wire import encode_header
 
     budget = ReceiveBudget(3 * MiB, stall_timeout=0.3)
-    kwargs: dict[str, Any] = {"receive_budget": budget}
-    client_kwargs: dict[str, Any] = {}
-    if scheme == "tls":
-        kwargs["ssl_context"] = server_context()
-        client_kwargs["ssl_context"] = client_context()
     with anyio.fail_after(30):
-        async with anyio_comm.listen(f"{scheme}://127.0.0.1:0", echo, **kwargs) as listener:
+        async with _budget_listener(scheme, echo, budget) as (listener, client_kwargs):
             holder = await _raw_peer(listener.address, scheme == "tls")
             await holder.send(encode_header([2 * MiB]) + bytes(1000))
             await _until(lambda: budget.in_use >= 2 * MiB)

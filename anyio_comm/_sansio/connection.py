@@ -660,15 +660,15 @@ class Connection:
         """The send counters: bytes of the stream, messages, frames beyond one
         per message, the payload bytes of the largest message, and of the
         frames sent compressed their own bytes and their bytes on the wire."""
-        messages = self.sent_messages
-        frames = messages + self.sent_extra_frames
+        frame_bytes, messages, extra, largest, packed, wire = self.send_mark()
+        headers = 4 * messages + 8 * (messages + extra)
         return (
-            self.sent_control_bytes + 4 * messages + 8 * frames + self.sent_frame_bytes,
-            self.sent_messages,
-            self.sent_extra_frames,
-            self.largest_sent,
-            self._compressed_bytes,
-            self._compressed_wire_bytes,
+            self.sent_control_bytes + headers + frame_bytes,
+            messages,
+            extra,
+            largest,
+            packed,
+            wire,
         )
 
     def send_mark(self) -> tuple[int, int, int, int, int, int]:

@@ -307,17 +307,9 @@ _LENGTHS: Final[dict[int, int]] = {
 _CODES: Final = {code.value: code for code in ErrorCode}
 
 
-def _id(value: object) -> int:
+def _id(value: object, what: str = "a call id") -> int:
     if type(value) is not int or not 0 <= value <= MAX_ID:
-        raise ProtocolViolation(f"a call id must be an integer from 0 to 2**64-1, not {value!r}")
-    return value
-
-
-def _token(value: object) -> int:
-    if type(value) is not int or not 0 <= value <= MAX_ID:
-        raise ProtocolViolation(
-            f"a ping token must be an integer from 0 to 2**64-1, not {value!r}"
-        )
+        raise ProtocolViolation(f"{what} must be an integer from 0 to 2**64-1, not {value!r}")
     return value
 
 
@@ -446,9 +438,9 @@ def _decode(message: object) -> Message:
     if kind == Kind.END:
         return End(_id(message[1]))
     if kind == Kind.PING:
-        return Ping(_token(message[1]))
+        return Ping(_id(message[1], "a ping token"))
     if kind == Kind.PONG:
-        return Pong(_token(message[1]))
+        return Pong(_id(message[1], "a ping token"))
     count = message[2]
     if type(count) is not int or not 1 <= count <= MAX_ID:
         raise ProtocolViolation(f"a credit must be an integer from 1 to 2**64-1, not {count!r}")

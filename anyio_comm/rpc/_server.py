@@ -84,7 +84,14 @@ from ._statistics import MethodCounters, ServerStatistics
 
 if TYPE_CHECKING:
     import ssl
-    from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Sequence
+    from collections.abc import (
+        AsyncGenerator,
+        AsyncIterator,
+        Awaitable,
+        Callable,
+        Coroutine,
+        Sequence,
+    )
 
     from anyio.abc import TaskGroup, TaskStatus
     from typing_extensions import TypeIs
@@ -181,6 +188,21 @@ _KINDS: Final[dict[tuple[bool, bool], CallKind]] = {
 
 def _no_release(nbytes: int) -> None:
     """A listener without a receive budget gives nothing back."""
+
+
+def _once(run: Callable[[], Awaitable[Any]]) -> Callable[[], Awaitable[Any]]:
+    """``run`` as the ``proceed()`` of the interceptors: it runs the call once,
+    and a second call raises RuntimeError."""
+    ran = False
+
+    async def proceed() -> Any:
+        nonlocal ran
+        if ran:
+            raise RuntimeError("proceed() runs the call once; it was called before")
+        ran = True
+        return await run()
+
+    return proceed
 
 
 def _refusal(call: Call, code: ErrorCode, text: str) -> ErrorReply:
@@ -1171,13 +1193,10 @@ class Server:
         # interceptors as the caller would see it
         refusal: ErrorReply | None = None
         refusal_error: Exception | None = None
-        proceeded = False
 
+        @_once
         async def proceed() -> Any:
-            nonlocal refusal, refusal_error, proceeded
-            if proceeded:
-                raise RuntimeError("proceed() runs the call once; it was called before")
-            proceeded = True
+            nonlocal refusal, refusal_error
             result, refusal = _apply(call, work.handler)
             if refusal is not None:
                 refusal_error = error_for(call.method, refusal.code, refusal.type, refusal.message)
@@ -1248,13 +1267,9 @@ class Server:
         notify = work.request
         try:
             if self._interceptors:
-                proceeded = False
 
+                @_once
                 async def proceed() -> Any:
-                    nonlocal proceeded
-                    if proceeded:
-                        raise RuntimeError("proceed() runs the call once; it was called before")
-                    proceeded = True
                     result = work.handler(*notify.args, **notify.kwargs)
                     return (await result) if inspect.isawaitable(result) else result
 
