@@ -422,3 +422,47 @@ def test_progress_line_on_a_terminal() -> None:
     second = "anyio-comm bench:   0.6 of 1.5 s, 900 requests, 9,000 requests/s so far"
     third = "anyio-comm bench:   1.1 of 1.5 s, 5,000 requests, 10,000 requests/s so far"
     assert out.getvalue() == (f"\r{first}\r{second}\r{third}\r{' ' * len(third)}\r")
+
+
+def test_serve_prints_statistics() -> None:
+    """``serve --stats SECONDS`` prints the listener's and its connections'
+    figures every SECONDS, and once more when it stops: a bench client's hello
+    and three echoes are four messages each way."""
+    import anyio
+
+    import anyio_comm
+
+    server = _popen("serve", "tcp://127.0.0.1:0", "--stats", "0.1")
+    try:
+        assert server.stdout is not None
+        address = re.search(r"(tcp://\S+)", server.stdout.readline())
+        assert address
+
+        async def echo_three() -> None:
+            async with await anyio_comm.connect(address.group(1), timeout=10) as comm:
+                await comm.send({"anyio-comm-bench": 1, "role": "echo"})
+                await comm.receive()
+                for _ in range(3):
+                    await comm.send(b"x" * 1000)
+                    await comm.receive()
+
+        anyio.run(echo_three)
+        deadline = time.monotonic() + TIMEOUT
+        while time.monotonic() < deadline:  # (a line every 0.1 s: readline returns)
+            line = server.stdout.readline()
+            if "messages 4 in, 4 out" in line and "connections 0 open, 1 accepted" in line:
+                break
+        else:
+            pytest.fail("no statistics line with the four messages")
+        assert re.search(r"bytes 3\.\d kB in, 3\.\d kB out", line), line
+        assert "send waits 0" in line and "budget 0 B in use, 0 waiting" in line
+        server.send_signal(signal.SIGTERM)
+        code, out, _ = _finish(server)
+        assert code == 0
+        last = [line for line in out.splitlines() if line.startswith("stats: ")][-1]
+        assert "messages 4 in, 4 out" in last
+        assert out.endswith("server stopped\n")
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait(10)

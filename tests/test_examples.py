@@ -16,6 +16,7 @@ from examples import (
     echo,
     rpc,
     rpc_service,
+    statistics,
     structured_server,
     testing_with_comm_pair,
     tls_echo,
@@ -119,6 +120,21 @@ async def test_rpc_service(capsys: pytest.CaptureFixture[str]) -> None:
     assert out.endswith("log: ['12 from orchard', 'restocked pears']\n")
 
 
+async def test_statistics(capsys: pytest.CaptureFixture[str]) -> None:
+    await statistics.main()
+    out = capsys.readouterr().out
+    # per message: a 12-byte header and msgpack's 2-, 3- or 5-byte bin header; the
+    # large one goes out-of-band (a 6-byte body beside its frame); the 36-byte
+    # preamble and the client's name message (18 and 19 bytes) once
+    assert out == (
+        "peer      messages in/out   bytes in    largest  waits\n"
+        "small         11/10            1,194        102      0\n"
+        "medium        11/10          100,205     10,003      0\n"
+        "large         11/10       10,000,314  1,000,006      0\n"
+        "listener: 3 accepted, 0 open, handlers {'returned': 3}\n"
+    )
+
+
 SCRIPT_OUTPUT = {
     "echo": "equal: True",
     "tls_echo": "email:client@example.org",  # the mutual TLS run
@@ -127,6 +143,7 @@ SCRIPT_OUTPUT = {
     "testing_with_comm_pair": "handle_request passed",
     "rpc": "add(1, 2) = 3",
     "rpc_service": "pears: 55",
+    "statistics": "listener: 3 accepted",
 }
 
 

@@ -118,6 +118,12 @@ def add_parsers(commands: Any) -> None:
     add("--gil-hold", action="store_true", help="run a thread that holds the GIL")
     add("--grace", type=_seconds(0, 600), default=5.0, help="shutdown grace seconds (5)")
     add("--cpu", type=int, help="pin the server to this CPU")
+    add(
+        "--stats",
+        type=_seconds(0, 3600, open_low=True),
+        metavar="SECONDS",
+        help="print the listener's and the connections' statistics every SECONDS",
+    )
 
 
 # -- serve ----------------------------------------------------------------------------------
@@ -142,7 +148,7 @@ def serve_main(args: argparse.Namespace) -> int:
             raise UsageError("--certfile, --keyfile and --cafile need --tls or a tls:// address")
         if args.cpu is not None and args.cpu not in allowed_cpus():
             raise UsageError(f"--cpu {args.cpu} is not one of the CPUs {allowed_cpus()}")
-        serve_command(address, args.backend, tls, args.gil_hold, args.grace, args.cpu)
+        serve_command(address, args.backend, tls, args.gil_hold, args.grace, args.cpu, args.stats)
     except UsageError as exc:
         print(f"anyio-comm serve: error: {exc}", file=sys.stderr)
         return 2

@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from multiprocessing.connection import Connection
 
-    from .. import Comm
+    from .. import Comm, CommStatistics, ListenerStatistics
     from ._tls import ServerTLS
 
 
@@ -80,11 +80,68 @@ def gil_held(enabled: bool) -> Iterator[GilHolder | None]:
         holder.stop()
 
 
+class Traffic:
+    """What comms moved, summed from their statistics."""
+
+    __slots__ = ("bytes_in", "bytes_out", "messages_in", "messages_out", "wait_seconds", "waits")
+
+    def __init__(self) -> None:
+        self.messages_in = self.messages_out = self.bytes_in = self.bytes_out = 0
+        self.waits = 0
+        self.wait_seconds = 0.0
+
+    def add(self, stats: CommStatistics) -> None:
+        """Add one comm's figures."""
+        self.messages_in += stats.messages_received
+        self.messages_out += stats.messages_sent
+        self.bytes_in += stats.bytes_received
+        self.bytes_out += stats.bytes_sent
+        self.waits += stats.send_waits
+        self.wait_seconds += stats.send_wait_seconds
+
+
+def _bytes(n: int) -> str:
+    """``1234567`` -> ``1.2 MB``."""
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+def statistics_line(listener: ListenerStatistics, traffic: Traffic) -> str:
+    """One line of a listener's statistics and of its connections' traffic."""
+    parts = [
+        (
+            f"connections {listener.active} open, {listener.accepted} accepted,"
+            f" {listener.handshaking} handshaking"
+        ),
+        f"messages {traffic.messages_in} in, {traffic.messages_out} out",
+        f"bytes {_bytes(traffic.bytes_in)} in, {_bytes(traffic.bytes_out)} out",
+        f"send waits {traffic.waits} ({traffic.wait_seconds:.2f} s)",
+    ]
+    budget = listener.budget
+    if budget is not None:
+        parts.append(
+            f"budget {_bytes(budget.in_use)} in use, {budget.waiting} waiting,"
+            f" {budget.waits} waits, {budget.stalls_closed} stalls closed"
+        )
+    for name, counts in (
+        ("refused", listener.refused),
+        ("failed handshakes", listener.handshake_failures),
+    ):
+        if counts:
+            parts.append(name + " " + ", ".join(f"{n} {why}" for why, n in sorted(counts.items())))
+    return "stats: " + "; ".join(parts)
+
+
 class EchoServer:
     """The connection handler and its counters."""
 
     def __init__(self, backend: str, gil_hold: bool) -> None:
         self.served = 0
+        #: the comms being served, and the traffic of those that ended
+        self.comms: set[Comm] = set()
+        self.ended = Traffic()
         self.info = {
             HELLO_KEY: PROTOCOL,
             "backend": backend,
@@ -104,7 +161,25 @@ class EchoServer:
             "time": time.time(),
         }
 
+    def traffic(self) -> Traffic:
+        """The traffic of every comm served, ended or not."""
+        traffic = Traffic()
+        for name in Traffic.__slots__:
+            setattr(traffic, name, getattr(self.ended, name))
+        for comm in self.comms:
+            traffic.add(comm.statistics())
+        return traffic
+
     async def handle(self, comm: Comm) -> None:
+        """Serve one connection, its traffic counted."""
+        self.comms.add(comm)
+        try:
+            await self._serve(comm)
+        finally:
+            self.comms.discard(comm)
+            self.ended.add(comm.statistics())
+
+    async def _serve(self, comm: Comm) -> None:
         """Read the hello, then echo or answer control requests until the peer closes."""
         with anyio.move_on_after(HELLO_TIMEOUT):
             hello = await comm.receive()
@@ -140,9 +215,12 @@ async def run_server(
     lifetime: float | None,
     on_ready: Callable[[str], None],
     stop_signals: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM),
+    stats_every: float | None = None,
 ) -> None:
     """Serve ``address`` until one of ``stop_signals`` (or ``lifetime`` seconds), then shut
-    down gracefully, waiting at most ``grace`` seconds for the connections to end."""
+    down gracefully, waiting at most ``grace`` seconds for the connections to end. With
+    ``stats_every``, print a line of statistics every that many seconds, and once more
+    after the shutdown."""
     server = EchoServer(backend, gil_hold)
     ssl_context = None if tls is None else tls.context()
     with (
@@ -151,10 +229,25 @@ async def run_server(
     ):
         async with listen(address, server.handle, ssl_context=ssl_context) as listener:
             on_ready(listener.address)
-            with anyio.move_on_after(lifetime if lifetime is not None else float("inf")):
-                async for _ in signals:
-                    break
+
+            def print_stats() -> None:
+                print(statistics_line(listener.statistics(), server.traffic()), flush=True)
+
+            async def print_stats_every(seconds: float) -> None:
+                while True:
+                    await anyio.sleep(seconds)
+                    print_stats()
+
+            async with anyio.create_task_group() as task_group:
+                if stats_every is not None:
+                    task_group.start_soon(print_stats_every, stats_every)
+                with anyio.move_on_after(lifetime if lifetime is not None else float("inf")):
+                    async for _ in signals:
+                        break
+                task_group.cancel_scope.cancel()
             await listener.shutdown(grace)
+            if stats_every is not None:
+                print_stats()
 
 
 def serve_command(
@@ -164,8 +257,10 @@ def serve_command(
     gil_hold: bool,
     grace: float,
     cpu: int | None,
+    stats_every: float | None = None,
 ) -> None:
-    """``anyio-comm serve``: print the address, serve until Ctrl-C or SIGTERM."""
+    """``anyio-comm serve``: print the address, serve until Ctrl-C or SIGTERM (printing
+    statistics every ``stats_every`` seconds)."""
     pin(cpu)
 
     def ready(real: str) -> None:
@@ -177,7 +272,19 @@ def serve_command(
         print(f"anyio-comm bench server listening on {real} ({', '.join(extras)})", flush=True)
         print("stop with Ctrl-C or SIGTERM", flush=True)
 
-    run_backend(backend, run_server, address, backend, tls, gil_hold, grace, None, ready)
+    run_backend(
+        backend,
+        run_server,
+        address,
+        backend,
+        tls,
+        gil_hold,
+        grace,
+        None,
+        ready,
+        (signal.SIGINT, signal.SIGTERM),
+        stats_every,
+    )
     print("server stopped", flush=True)
 
 
