@@ -65,11 +65,11 @@ from distributed.comm.core import (
 )
 from distributed.comm.tcp import BaseTCPBackend, RequireEncryptionMixin
 from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
-from distributed.utils import nbytes
 
 import anyio_comm
 
 from ._addressing import format_tcp, parse_address
+from ._comm import bytes_sent
 from ._sansio.pool import DEFAULT_MAX_SMALL_BYTES
 from ._sansio.wire import Limits
 
@@ -320,7 +320,9 @@ class AnyioTCP(Comm):
         Several tasks may write at once: their messages go one after another.
 
         Returns:
-            The bytes of the message's frames.
+            The bytes the message took on the wire: its frames (after dask's
+            compression, and anyio-comm's if the comm compresses) and its header.
+            dask logs it as the transfer's compressed size.
 
         Raises:
             CommClosedError: the comm is closed or the connection failed (the
@@ -344,6 +346,7 @@ class AnyioTCP(Comm):
         async with self._write_lock:
             if self._closed:
                 raise CommClosedError(f"in {self}: closed")
+            before = bytes_sent(self._comm)
             try:
                 await self._comm.send_frames(frames)
             except _CLOSED_ERRORS as exc:
@@ -354,7 +357,7 @@ class AnyioTCP(Comm):
             except BaseException:
                 self.abort()
                 raise
-        return sum(map(nbytes, frames))
+            return bytes_sent(self._comm) - before
 
     async def close(self) -> None:
         """Close after the write in progress (if any), as ``tcp://`` flushes its
