@@ -920,8 +920,8 @@ class Comm(ObjectStream[Any]):
         guard.held = True
         try:
             # The write, here rather than in a helper: a coroutine frame per send.
-            # (A cancellation is raised before the messages are encoded, and so
-            # counted as sent: only the write can fail after that.)
+            # (A cancellation is raised before the messages are encoded and
+            # counted as sent: after that, only the write can fail.)
             trio_lowlevel = self._trio
             yield_due = self._unyielded >= _YIELD_AFTER
             if trio_lowlevel is None and yield_due:
